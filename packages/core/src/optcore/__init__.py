@@ -1,0 +1,65 @@
+"""optcore: one optimizer core for JAX.
+
+Every optax optimizer as an `OptimizerDef` (``optcore.adam``, ``optcore.sgd``,
+... and ``optcore.contrib.<name>``), with per-step hyper-parameter overrides
+that take effect, the immutable `Optimizer` container of flax.optim and T5X,
+and state dicts in Flax's layout.
+
+Example:
+  >>> import jax, jax.numpy as jnp
+  >>> import optcore
+  >>> params = {'w': jnp.ones(3)}
+  >>> opt = optcore.adam(learning_rate=1e-2).create(params)
+  >>> grads = jax.grad(lambda p: jnp.sum(p['w'] ** 2))(opt.target)
+  >>> opt = opt.apply_gradient(grads, learning_rate=1e-3)
+  >>> int(opt.state.step)
+  1
+"""
+
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _version
+
+import optax as _optax
+
+from optcore import contrib as contrib
+from optcore._src.aliases import optax_alias_names as _optax_alias_names
+from optcore._src.base import Optimizer as Optimizer
+from optcore._src.base import OptimizerDef as OptimizerDef
+from optcore._src.base import OptimizerState as OptimizerState
+from optcore._src.base import TreeMismatchError as TreeMismatchError
+from optcore._src.hyper_params import HyperParams as HyperParams
+from optcore._src.optax_wrapper import OptaxWrapper as OptaxWrapper
+from optcore._src.optax_wrapper import chain as chain
+from optcore._src.optax_wrapper import wrap_optax_optimizer as wrap_optax_optimizer
+from optcore._src.serialization import StateDictError as StateDictError
+from optcore._src.serialization import from_state_dict as from_state_dict
+from optcore._src.serialization import to_state_dict as to_state_dict
+
+try:
+  __version__ = _version("optcore")
+except PackageNotFoundError:  # running from a source tree that is not installed
+  __version__ = "0.0.0+unknown"
+
+#: The optax optimizer aliases wrapped here, derived from the installed optax.
+OPTAX_ALIASES: tuple[str, ...] = tuple(_optax_alias_names())
+
+for _name in OPTAX_ALIASES:
+  globals()[_name] = wrap_optax_optimizer(getattr(_optax, _name), name=_name)
+del _name
+
+__all__ = [
+  "OPTAX_ALIASES",
+  "HyperParams",
+  "OptaxWrapper",
+  "Optimizer",
+  "OptimizerDef",
+  "OptimizerState",
+  "StateDictError",
+  "TreeMismatchError",
+  "chain",
+  "contrib",
+  "from_state_dict",
+  "to_state_dict",
+  "wrap_optax_optimizer",
+  *OPTAX_ALIASES,
+]

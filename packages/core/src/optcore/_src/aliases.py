@@ -1,0 +1,68 @@
+"""Which optax factories optcore wraps, read from the installed optax itself.
+
+The list is derived at import time, so a newer optax's new optimizers are
+wrapped without a change here:
+- optax's optimizer aliases: every public name of ``optax`` that optax
+  defines in its alias module (adam, sgd, nadam, ...);
+- optax.contrib's optimizers: every public function with a ``learning_rate``
+  argument (except the ``scale_by_*`` building blocks), and the wrappers that
+  take a base optimizer (mechanize, sam, schedule_free,
+  split_real_and_imaginary).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import types
+from typing import Any
+
+import optax
+import optax.contrib
+
+_WRAPPER_ARGUMENTS = frozenset({"base_optimizer", "optimizer", "inner"})
+
+
+def optax_alias_names() -> list[str]:
+  """The optimizer aliases that ``optax`` exports, in optax's order."""
+  try:
+    from optax._src import alias
+  except ImportError:  # the layout of optax's private modules moved
+    return _names_with_learning_rate(optax, optax.__all__)
+  out = []
+  for name in optax.__all__:
+    # Look in the alias module first: touching optax's deprecated names warns.
+    fn = getattr(alias, name, None)
+    if not isinstance(fn, (types.FunctionType, functools.partial)):
+      continue
+    if getattr(optax, name) is fn:
+      out.append(name)
+  return out
+
+
+def optax_contrib_names() -> list[str]:
+  """The optimizers and optimizer wrappers that ``optax.contrib`` exports."""
+  public = [n for n in dir(optax.contrib) if not n.startswith("_")]
+  out = []
+  for name in public:
+    obj = getattr(optax.contrib, name)
+    if isinstance(obj, type) or not callable(obj) or name.startswith("scale_by_"):
+      continue
+    params = _parameters(obj)
+    if "learning_rate" in params or _WRAPPER_ARGUMENTS & set(params):
+      out.append(name)
+  return out
+
+
+def _names_with_learning_rate(module: Any, names: list[str]) -> list[str]:
+  return [
+    n for n in names
+    if not n.startswith("scale_by_") and "learning_rate" in _parameters(getattr(module, n))
+  ]
+
+
+def _parameters(obj: Any) -> list[str]:
+  try:
+    return list(inspect.signature(obj).parameters)
+  except (TypeError, ValueError):
+    return []

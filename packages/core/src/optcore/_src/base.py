@@ -1,0 +1,286 @@
+"""The optimizer definition, its state, and the immutable Optimizer container.
+
+The API is flax.optim's (v0.5.3) and T5X's: an `OptimizerDef` holds the
+algorithm and its hyper-parameters, an `OptimizerState` holds the step and the
+per-parameter state, and an `Optimizer` ties a definition, a state and the
+parameters (the target) together. All three pass through `jax.jit`; the
+definition is static data, so the same configuration never retraces.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, Generic, TypeVar
+
+import jax
+import jax.numpy as jnp
+
+from optcore._src import paths, serialization
+from optcore._src.hyper_params import HyperParams
+
+PyTree = Any
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerState:
+  """The state of an optimizer: the step count and the per-parameter states.
+
+  Attributes:
+    step: int32 scalar, the number of updates applied so far.
+    param_states: for a per-parameter definition, a tree shaped like the
+      parameters; for a wrapped optax optimizer, the optax state as optax
+      lays it out.
+  """
+
+  step: jax.Array
+  param_states: PyTree
+
+  def replace(self, **changes: Any) -> OptimizerState:
+    return dataclasses.replace(self, **changes)
+
+
+jax.tree_util.register_dataclass(
+  OptimizerState, data_fields=["step", "param_states"], meta_fields=[]
+)
+
+
+class OptimizerDef:
+  """The definition of an optimizer: its algorithm and hyper-parameters.
+
+  Subclass it for a per-parameter algorithm (flax.optim style) by giving
+  `init_param_state` and `apply_param_gradient`, or use `OptaxWrapper` for an
+  optax transformation. `create` binds it to parameters.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> import optcore
+    >>> class Sign(optcore.OptimizerDef):
+    ...   def __init__(self, learning_rate=0.1):
+    ...     super().__init__(optcore.HyperParams(learning_rate=learning_rate))
+    ...   def init_param_state(self, param):
+    ...     return ()
+    ...   def apply_param_gradient(self, step, hyper_params, param, state, grad):
+    ...     return param - hyper_params.learning_rate * jnp.sign(grad), state
+    >>> opt = Sign().create({'w': jnp.ones(2)})
+    >>> opt = opt.apply_gradient({'w': jnp.array([1.0, -1.0])}, learning_rate=0.5)
+    >>> opt.target['w'], int(opt.state.step)
+    (Array([0.5, 1.5], dtype=float32), 1)
+  """
+
+  def __init__(self, hyper_params: HyperParams):
+    if not isinstance(hyper_params, HyperParams):
+      hyper_params = HyperParams(**dict(hyper_params))
+    self.hyper_params = hyper_params
+
+  def __init_subclass__(cls, **kwargs: Any):
+    super().__init_subclass__(**kwargs)
+    _register_static(cls)
+
+  # The per-parameter interface of flax.optim.
+
+  def init_param_state(self, param: jax.Array) -> PyTree:
+    """The initial state of one parameter."""
+    raise NotImplementedError(
+      f"{type(self).__name__} defines neither init_param_state nor init_state"
+    )
+
+  def apply_param_gradient(
+    self, step: jax.Array, hyper_params: HyperParams, param: jax.Array, state: PyTree, grad: jax.Array
+  ) -> tuple[jax.Array, PyTree]:
+    """Updates one parameter; ``step`` counts the updates before this one."""
+    raise NotImplementedError(
+      f"{type(self).__name__} defines neither apply_param_gradient nor apply_gradient"
+    )
+
+  # The whole-tree interface.
+
+  def init_state(self, params: PyTree) -> OptimizerState:
+    """The state at step 0 for ``params``."""
+    return OptimizerState(jnp.asarray(0, dtype=jnp.int32), jax.tree.map(self.init_param_state, params))
+
+  def apply_gradient(
+    self, hyper_params: HyperParams, params: PyTree, state: OptimizerState, grads: PyTree,
+    **extra_args: Any,
+  ) -> tuple[PyTree, OptimizerState]:
+    """Applies one step; returns ``(new_params, new_state)``."""
+    if extra_args:
+      raise TypeError(
+        f"{type(self).__name__} takes no extra update arguments; got {sorted(extra_args)}"
+      )
+    params_flat, treedef = jax.tree.flatten(params)
+    states_flat = treedef.flatten_up_to(state.param_states)
+    grads_flat = treedef.flatten_up_to(grads)
+    out = [
+      self.apply_param_gradient(state.step, hyper_params, p, s, g)
+      for p, s, g in zip(params_flat, states_flat, grads_flat, strict=True)
+    ]
+    new_params = treedef.unflatten([p for p, _ in out])
+    new_states = treedef.unflatten([s for _, s in out])
+    return new_params, OptimizerState(state.step + 1, new_states)
+
+  def update_hyper_params(self, **hyper_param_overrides: Any) -> HyperParams:
+    """The hyper-parameters for one step: ``hyper_params=`` replaces them all,
+    any other keyword replaces one; an unknown name raises TypeError."""
+    hyper_params = hyper_param_overrides.pop("hyper_params", self.hyper_params)
+    if hyper_param_overrides:
+      try:
+        hyper_params = hyper_params.replace(**hyper_param_overrides)
+      except TypeError as e:
+        raise TypeError(f"{self!r}: {e}") from None
+    return hyper_params
+
+  def create(self, target: PyTree, focus: Any = None) -> Optimizer:
+    """An `Optimizer` over ``target`` with its initial state."""
+    if focus is not None:
+      raise NotImplementedError(
+        "create(target, focus=...) needs MultiOptimizer, which this version of optcore does "
+        "not have yet; to optimise a subset of the parameters wrap the optax transformation "
+        "in optax.masked for now."
+      )
+    return Optimizer(self, self.init_state(target), target)
+
+  def state_dict(self, target: PyTree, state: OptimizerState) -> dict[str, Any]:
+    """``{'target': ..., 'state': {'step': ..., 'param_states': ...}}``, Flax's layout."""
+    return {
+      "target": serialization.to_state_dict(target),
+      "state": serialization.to_state_dict(state),
+    }
+
+  def restore_state(
+    self, target: PyTree, state: OptimizerState, state_dict: Mapping[str, Any]
+  ) -> tuple[PyTree, OptimizerState]:
+    """Reads a `state_dict` into the structure of ``target`` and ``state``.
+
+    Raises `StateDictError`, naming the path, for a missing or extra key, a
+    shape or a dtype that differ; nothing is changed then.
+    """
+    if not isinstance(state_dict, Mapping) or set(state_dict) != {"target", "state"}:
+      found = sorted(state_dict) if isinstance(state_dict, Mapping) else type(state_dict).__name__
+      raise serialization.StateDictError(
+        f"an optimizer state dict has exactly the keys ['state', 'target'], found {found}"
+      )
+    new_target = serialization.from_state_dict(target, state_dict["target"], root="target")
+    new_state = serialization.from_state_dict(state, state_dict["state"], root="state")
+    return new_target, new_state
+
+  # Definitions are static data of jitted pytrees: equal configs, equal defs.
+
+  def _static_key(self) -> tuple:
+    return (type(self), self.hyper_params)
+
+  def __eq__(self, other: object) -> bool:
+    if not isinstance(other, OptimizerDef):
+      return NotImplemented
+    return self._static_key() == other._static_key()
+
+  def __hash__(self) -> int:
+    return hash(self._static_key())
+
+  def __repr__(self) -> str:
+    inner = ", ".join(f"{k}={v!r}" for k, v in self.hyper_params.items())
+    return f"{type(self).__name__}({inner})"
+
+
+def _register_static(cls: type) -> None:
+  """Registers a definition class as a pytree with no leaves (all static)."""
+  jax.tree_util.register_pytree_node(cls, lambda d: ((), d), lambda d, _: d)
+
+
+_register_static(OptimizerDef)
+
+
+@dataclasses.dataclass(frozen=True)
+class Optimizer(Generic[T]):
+  """An optimizer definition bound to its target (the parameters) and state.
+
+  Immutable: `apply_gradient` and `restore_state` return a new Optimizer. A
+  pytree whose leaves are the state and the target; the definition is static.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> import optcore
+    >>> opt = optcore.sgd(learning_rate=0.1).create({'w': jnp.ones(3)})
+    >>> step = jax.jit(lambda opt, g, lr: opt.apply_gradient(g, learning_rate=lr))
+    >>> opt = step(opt, {'w': jnp.ones(3)}, 0.5)
+    >>> opt.target['w']
+    Array([0.5, 0.5, 0.5], dtype=float32)
+  """
+
+  optimizer_def: OptimizerDef
+  state: OptimizerState
+  target: T
+
+  def apply_gradient(
+    self, grads: PyTree, *, extra_args: Mapping[str, Any] | None = None, **hyper_param_overrides: Any
+  ) -> Optimizer[T]:
+    """Applies one update with ``grads``; returns the new Optimizer.
+
+    Args:
+      grads: gradients in the structure of ``target``.
+      extra_args: keyword arguments for the optax update of
+        ``GradientTransformationExtraArgs`` optimizers (``value=loss`` for
+        polyak_sgd, ``value``/``grad``/``value_fn`` for lbfgs, ...).
+      **hyper_param_overrides: hyper-parameter values for this step only,
+        e.g. ``learning_rate=lr``; traced values do not cause recompiles.
+    """
+    check_same_structure(self.target, grads, "grads")
+    hyper_params = self.optimizer_def.update_hyper_params(**hyper_param_overrides)
+    new_target, new_state = self.optimizer_def.apply_gradient(
+      hyper_params, self.target, self.state, grads, **(extra_args or {})
+    )
+    return self.replace(target=new_target, state=new_state)
+
+  def state_dict(self) -> dict[str, Any]:
+    """The state dict in Flax's layout: ``{'target': ..., 'state': ...}``."""
+    return self.optimizer_def.state_dict(self.target, self.state)
+
+  def restore_state(self, state_dict: Mapping[str, Any]) -> Optimizer[T]:
+    """A new Optimizer holding what ``state_dict`` holds; this one is untouched."""
+    target, state = self.optimizer_def.restore_state(self.target, self.state, state_dict)
+    return self.replace(target=target, state=state)
+
+  def replace(self, **changes: Any) -> Optimizer[T]:
+    return dataclasses.replace(self, **changes)
+
+
+jax.tree_util.register_dataclass(
+  Optimizer, data_fields=["state", "target"], meta_fields=["optimizer_def"]
+)
+
+
+class TreeMismatchError(ValueError):
+  """Two trees that should have the same structure do not."""
+
+
+TreeMismatchError.__module__ = "optcore"
+
+
+def check_same_structure(reference: PyTree, other: PyTree, what: str) -> None:
+  """Raises `TreeMismatchError` naming the first path where ``other`` differs."""
+  if jax.tree.structure(reference) == jax.tree.structure(other):
+    return
+  is_none = lambda x: x is None
+  ref_paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(reference, is_leaf=is_none)[0]]
+  other_leaves = jax.tree_util.tree_flatten_with_path(other, is_leaf=is_none)[0]
+  other_by_path = {paths.path_str(p): x for p, x in other_leaves}
+  for p in ref_paths:
+    name = paths.path_str(p)
+    if name not in other_by_path:
+      raise TreeMismatchError(
+        f"{what} has no array at {name!r}, where the parameters have one. Give a gradient for "
+        f"every parameter (use jnp.zeros_like for a parameter that gets none)."
+      )
+    if other_by_path[name] is None:
+      raise TreeMismatchError(
+        f"{what} has None at {name!r}, where the parameters have an array. Replace None "
+        f"gradients with zeros (jnp.zeros_like(param)) or leave that parameter out of the "
+        f"optimised tree."
+      )
+  extra = sorted(set(other_by_path) - {paths.path_str(p) for p in ref_paths})
+  raise TreeMismatchError(
+    f"{what} does not have the structure of the parameters"
+    + (f": it has extra entries at {extra[:5]}" if extra else "")
+    + f". Expected {jax.tree.structure(reference)}, found {jax.tree.structure(other)}."
+  )

@@ -1,0 +1,152 @@
+"""Immutable hyper-parameter records with Flax-struct-style ``replace``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+
+
+def is_numeric(value: Any) -> bool:
+  """True for numbers and arrays: the values an override may trace."""
+  if isinstance(value, bool):
+    return False
+  return isinstance(value, (int, float, complex, np.ndarray, np.generic, jax.Array))
+
+
+def static_key(value: Any) -> Any:
+  """A hashable stand-in for ``value`` that compares equal for equal configs.
+
+  Definitions are static data of jitted pytrees, so jit compares and hashes
+  them: numbers compare by value, concrete arrays by their bytes, callables
+  (schedules, optax transformations) by identity.
+  """
+  if value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
+    return (type(value).__name__, value)
+  if isinstance(value, jax.core.Tracer):
+    return ("traced", id(value))
+  if isinstance(value, (np.ndarray, np.generic, jax.Array)):
+    a = np.asarray(value)
+    return ("array", a.dtype.str, a.shape, a.tobytes())
+  if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+    return (type(value).__name__, tuple(static_key(v) for v in value))
+  if isinstance(value, Mapping):
+    return ("mapping", tuple(sorted((str(k), static_key(v)) for k, v in value.items())))
+  try:
+    hash(value)
+  except TypeError:
+    return ("id", id(value))
+  return value
+
+
+class HyperParams(Mapping[str, Any]):
+  """The hyper-parameters of an optimizer definition, by name.
+
+  Read them as attributes or items; ``replace`` returns a copy with some
+  changed, as Flax structs do. Numbers and arrays are pytree leaves, the rest
+  (schedules, masks, dtypes, flags) is static.
+
+  Example:
+    >>> import optcore
+    >>> hp = optcore.HyperParams(learning_rate=0.1, beta=0.9)
+    >>> hp.replace(learning_rate=0.2).learning_rate
+    0.2
+    >>> hp.replace(lr=0.2)
+    Traceback (most recent call last):
+    ...
+    TypeError: unknown hyper-parameter 'lr'; the valid names are: beta, learning_rate
+  """
+
+  __slots__ = ("_values",)
+
+  def __init__(self, **values: Any):
+    object.__setattr__(self, "_values", dict(values))
+
+  def __getattr__(self, name: str) -> Any:
+    try:
+      return self._values[name]
+    except KeyError:
+      raise AttributeError(
+        f"no hyper-parameter {name!r}; the valid names are: {', '.join(sorted(self._values))}"
+      ) from None
+
+  def __setattr__(self, name: str, value: Any) -> None:
+    raise AttributeError("HyperParams is immutable; use .replace(**changes)")
+
+  def __getitem__(self, name: str) -> Any:
+    return self._values[name]
+
+  def __iter__(self) -> Iterator[str]:
+    return iter(self._values)
+
+  def __len__(self) -> int:
+    return len(self._values)
+
+  def replace(self, **changes: Any) -> HyperParams:
+    """A copy with ``changes`` applied; an unknown name raises TypeError."""
+    unknown = [name for name in changes if name not in self._values]
+    if unknown:
+      valid = ", ".join(sorted(self._values)) or "(none)"
+      noun = "hyper-parameter" if len(unknown) == 1 else "hyper-parameters"
+      raise TypeError(f"unknown {noun} {', '.join(map(repr, unknown))}; the valid names are: {valid}")
+    return HyperParams(**{**self._values, **changes})
+
+  def __eq__(self, other: object) -> bool:
+    if not isinstance(other, HyperParams):
+      return NotImplemented
+    return self._key() == other._key()
+
+  def __hash__(self) -> int:
+    return hash(self._key())
+
+  def _key(self) -> tuple:
+    return tuple((name, static_key(value)) for name, value in self._values.items())
+
+  def __repr__(self) -> str:
+    inner = ", ".join(f"{name}={value!r}" for name, value in self._values.items())
+    return f"HyperParams({inner})"
+
+  def __reduce__(self):
+    return (_rebuild, (self._values,))
+
+
+def _rebuild(values: dict[str, Any]) -> HyperParams:
+  return HyperParams(**values)
+
+
+def _flatten(hp: HyperParams):
+  names = tuple(hp._values)
+  leaf_names = tuple(n for n in names if is_numeric(hp._values[n]))
+  static = tuple((n, hp._values[n]) for n in names if n not in leaf_names)
+  children = [(jax.tree_util.GetAttrKey(n), hp._values[n]) for n in leaf_names]
+  return children, (names, leaf_names, _StaticItems(static))
+
+
+def _unflatten(aux, children) -> HyperParams:
+  names, leaf_names, static = aux
+  values = dict(static.items)
+  values.update(zip(leaf_names, children, strict=True))
+  return HyperParams(**{n: values[n] for n in names})
+
+
+class _StaticItems:
+  """Static hyper-parameter values, compared by `static_key` so jit can hash them."""
+
+  __slots__ = ("items",)
+
+  def __init__(self, items: tuple[tuple[str, Any], ...]):
+    self.items = items
+
+  def __eq__(self, other: object) -> bool:
+    return isinstance(other, _StaticItems) and self._key() == other._key()
+
+  def __hash__(self) -> int:
+    return hash(self._key())
+
+  def _key(self) -> tuple:
+    return tuple((n, static_key(v)) for n, v in self.items)
+
+
+jax.tree_util.register_pytree_with_keys(HyperParams, _flatten, _unflatten)

@@ -1,0 +1,337 @@
+"""Optax transformations as optimizer definitions, with honoured overrides.
+
+A wrapped factory keeps its bound arguments as hyper-parameters. An override
+at apply time (``learning_rate=lr``) calls the factory again with the new
+value, so the step uses it; the state keeps exactly optax's layout. Overrides
+that cannot take effect that way are refused with an error instead of being
+ignored: one that would change the state's structure, and one that only
+enters the optimizer's initial state (rprop's learning_rate).
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from optcore._src import paths, serialization
+from optcore._src.base import OptimizerDef, OptimizerState, PyTree
+from optcore._src.hyper_params import HyperParams, is_numeric, static_key
+
+_TracerErrors = (jax.errors.ConcretizationTypeError, jax.errors.TracerBoolConversionError,
+                 jax.errors.TracerIntegerConversionError)
+_CHECK_CACHE_SIZE = 256
+
+
+class OptaxWrapper(OptimizerDef):
+  """An optax transformation as an `OptimizerDef` (T5X's ``OptaxWrapper``).
+
+  Built from a transformation, it has no hyper-parameters to override. Built
+  through `wrap_optax_optimizer` (as every ``optcore.<name>`` is), its
+  hyper-parameters are the factory's arguments and apply-time overrides take
+  effect. The state is ``OptimizerState(step, <optax state>)`` with the optax
+  state exactly as optax lays it out.
+
+  Args:
+    optax_optimizer: anything with optax's ``init``/``update`` protocol
+      (``GradientTransformation``, ``GradientTransformationExtraArgs``,
+      ``optax.MultiSteps``).
+
+  Example:
+    >>> import jax.numpy as jnp, optax
+    >>> import optcore
+    >>> opt = optcore.OptaxWrapper(optax.sgd(0.1)).create({'w': jnp.ones(2)})
+    >>> opt.apply_gradient({'w': jnp.ones(2)}).target['w']
+    Array([0.9, 0.9], dtype=float32)
+  """
+
+  def __init__(self, optax_optimizer: Any):
+    _check_protocol(optax_optimizer)
+    super().__init__(HyperParams())
+    self.optax_optimizer = optax_optimizer
+    self._factory: Callable[..., Any] | None = None
+    self._signature: inspect.Signature | None = None
+    self._name = type(optax_optimizer).__name__
+    self._checked: collections.OrderedDict = collections.OrderedDict()
+
+  @classmethod
+  def _from_factory(
+    cls, factory: Callable[..., Any], name: str, args: tuple, kwargs: dict
+  ) -> OptaxWrapper:
+    signature = inspect.signature(factory)
+    try:
+      bound = signature.bind(*args, **kwargs)
+    except TypeError as e:
+      raise TypeError(f"{name}(): {e}") from None
+    bound.apply_defaults()
+    self = cls.__new__(cls)
+    OptimizerDef.__init__(self, HyperParams(**bound.arguments))
+    self._factory = factory
+    self._signature = signature
+    self._name = name
+    self._checked = collections.OrderedDict()
+    self.optax_optimizer = self._build(self.hyper_params)
+    return self
+
+  def _build(self, hyper_params: HyperParams) -> Any:
+    """The optax transformation for ``hyper_params``."""
+    if self._factory is None:
+      return self.optax_optimizer
+    arguments = collections.OrderedDict((k, _as_optax(v)) for k, v in hyper_params.items())
+    bound = inspect.BoundArguments(self._signature, arguments)
+    tx = self._factory(*bound.args, **bound.kwargs)
+    _check_protocol(tx, f"{self._name}(...)")
+    return tx
+
+  def init_state(self, params: PyTree) -> OptimizerState:
+    return OptimizerState(jnp.asarray(0, dtype=jnp.int32), self.optax_optimizer.init(params))
+
+  def apply_gradient(
+    self, hyper_params: HyperParams, params: PyTree, state: OptimizerState, grads: PyTree,
+    **extra_args: Any,
+  ) -> tuple[PyTree, OptimizerState]:
+    changed = _changed(self.hyper_params, hyper_params)
+    if changed:
+      self._check_overrides(changed, params, state.param_states)
+      tx = self._guarded(changed, self._build, hyper_params)
+    else:
+      tx = self.optax_optimizer
+    if extra_args:
+      tx = optax.with_extra_args_support(tx)
+    updates, new_opt_state = self._guarded(
+      changed, tx.update, grads, state.param_states, params, **extra_args
+    )
+    new_params = optax.apply_updates(params, updates)
+    return new_params, OptimizerState(state.step + 1, new_opt_state)
+
+  def update_hyper_params(self, **hyper_param_overrides: Any) -> HyperParams:
+    if self._factory is None and hyper_param_overrides.keys() - {"hyper_params"}:
+      raise TypeError(
+        f"OptaxWrapper({self._name}) was built from a ready optax transformation, so it has no "
+        f"hyper-parameters to override (got {sorted(hyper_param_overrides)}). Build it with "
+        "optcore.<name>(...) or optcore.wrap_optax_optimizer(factory)(...) to override them "
+        "per step."
+      )
+    return super().update_hyper_params(**hyper_param_overrides)
+
+  def state_dict(self, target: PyTree, state: OptimizerState) -> dict[str, Any]:
+    """Flax's layout with optax's empty states dropped, as T5X writes it."""
+    out = super().state_dict(target, state)
+    out["state"] = serialization.drop_empty(out["state"])
+    return out
+
+  def _check_overrides(self, changed: dict[str, Any], params: PyTree, opt_state: PyTree) -> None:
+    """Refuses overrides that would change the state's layout or that only
+    enter the initial state; cached per override signature."""
+    traced = {k: v for k, v in changed.items() if is_numeric(v)}
+    try:
+      self._check_layout_and_init_use(changed, traced, params, opt_state)
+    except TypeError:
+      # optax branches on a value in Python: concrete values may still go in
+      # as constants (only the layout can be checked then); traced ones cannot.
+      if any(isinstance(v, jax.core.Tracer) for v in traced.values()):
+        raise
+      self._check_layout_and_init_use(changed, {}, params, opt_state)
+
+  def _check_layout_and_init_use(
+    self, changed: dict[str, Any], traced: dict[str, Any], params: PyTree, opt_state: PyTree
+  ) -> None:
+    static = {k: v for k, v in changed.items() if k not in traced}
+    key = (
+      tuple(sorted((k, jnp.shape(v), jnp.result_type(v)) for k, v in traced.items())),
+      tuple(sorted((k, static_key(v)) for k, v in static.items())),
+      jax.tree.structure(params),
+      tuple(_aval(x) for x in jax.tree.leaves(params)),
+    )
+    if key in self._checked:
+      self._checked.move_to_end(key)
+      return
+    params_avals = jax.tree.map(_aval, params)
+
+    def init_with(traced_values: dict[str, Any], params: PyTree) -> PyTree:
+      return self._build(self.hyper_params.replace(**static, **traced_values)).init(params)
+
+    traced_avals = {k: _aval(v) for k, v in traced.items()}
+    closed, out_shape = self._guarded(
+      changed, jax.make_jaxpr(init_with, return_shape=True), traced_avals, params_avals
+    )
+    _check_state_layout(self, changed, out_shape, opt_state)
+    in_init = _inputs_used(closed.jaxpr, len(jax.tree.leaves(traced_avals)))
+    names = [k for k, _ in sorted(traced.items())]
+    init_only = [n for n, used in zip(names, in_init, strict=True) if used]
+    if init_only:
+      raise ValueError(
+        f"{self._name}: the hyper-parameter(s) {init_only} set the optimizer's initial state "
+        "(its state is built from them at init), so an override at apply time cannot take "
+        f"effect. Create the optimizer with the value you want instead: {self._name}("
+        + ", ".join(f"{n}=..." for n in init_only) + ")."
+      )
+    self._checked[key] = True
+    if len(self._checked) > _CHECK_CACHE_SIZE:
+      self._checked.popitem(last=False)
+
+  def _guarded(self, changed: Mapping[str, Any], fn: Callable[..., Any], *args, **kwargs) -> Any:
+    """Calls ``fn``; a tracer error from overridden values gets a clear message."""
+    try:
+      return fn(*args, **kwargs)
+    except _TracerErrors as e:
+      if not changed:
+        raise
+      raise TypeError(
+        f"{self._name}: overriding {sorted(changed)} with a traced value failed, because the "
+        "optax code branches on that value in Python. Pass a Python number (not a jax array) "
+        "for it, or create the optimizer with that value."
+      ) from e
+
+  def _static_key(self) -> tuple:
+    if self._factory is None:
+      return (type(self), static_key(self.optax_optimizer))
+    return (type(self), self._factory, self.hyper_params)
+
+  def __repr__(self) -> str:
+    if self._factory is None:
+      return f"OptaxWrapper({self._name})"
+    inner = ", ".join(f"{k}={v!r}" for k, v in self.hyper_params.items())
+    return f"{self._name}({inner})"
+
+
+def wrap_optax_optimizer(
+  optax_optimizer: Callable[..., Any], name: str | None = None
+) -> Callable[..., OptaxWrapper]:
+  """Turns an optax optimizer factory into an `OptaxWrapper` factory.
+
+  The result takes the same arguments; they become the hyper-parameters, and
+  each can be overridden per step in ``apply_gradient``.
+
+  Args:
+    optax_optimizer: a function returning an optax transformation, e.g.
+      ``optax.adamw``.
+    name: the name shown in errors and reprs; defaults to the factory's.
+
+  Example:
+    >>> import jax.numpy as jnp, optax
+    >>> import optcore
+    >>> my_adamw = optcore.wrap_optax_optimizer(optax.adamw)
+    >>> opt = my_adamw(learning_rate=1e-3, weight_decay=0.1).create({'w': jnp.ones(2)})
+    >>> opt.optimizer_def.hyper_params.weight_decay
+    0.1
+    >>> opt = opt.apply_gradient({'w': jnp.ones(2)}, learning_rate=0.0, weight_decay=0.0)
+    >>> opt.target['w']
+    Array([1., 1.], dtype=float32)
+  """
+  if name is None:
+    name = getattr(optax_optimizer, "__name__", None) or type(optax_optimizer).__name__
+
+  def wrapped(*args: Any, **kwargs: Any) -> OptaxWrapper:
+    return OptaxWrapper._from_factory(optax_optimizer, name, args, kwargs)
+
+  try:
+    functools.update_wrapper(wrapped, optax_optimizer)
+  except AttributeError:  # functools.partial objects have no __name__
+    wrapped.__doc__ = getattr(optax_optimizer, "__doc__", None)
+  wrapped.__name__ = wrapped.__qualname__ = name.rsplit(".", 1)[-1]
+  wrapped.__signature__ = inspect.signature(optax_optimizer)
+  wrapped.__wrapped__ = optax_optimizer
+  return wrapped
+
+
+def _chain(transformations: Sequence[Any]) -> optax.GradientTransformationExtraArgs:
+  """Applies a list of transformations in sequence, as ``optax.chain``.
+
+  T5X's ``optimizers.chain`` signature: one list (or tuple) of optax
+  transformations or optcore definitions.
+
+  Example:
+    >>> import jax.numpy as jnp, optax
+    >>> import optcore
+    >>> tx = optcore.chain([optax.clip_by_global_norm(1.0), optcore.sgd(1.0)])
+    >>> tx.create({'w': jnp.zeros(2)}).apply_gradient({'w': jnp.array([3.0, 4.0])}).target['w']
+    Array([-0.6, -0.8], dtype=float32)
+  """
+  return optax.chain(*transformations)
+
+
+chain = wrap_optax_optimizer(_chain, name="chain")
+
+
+def _as_optax(value: Any) -> Any:
+  """Optcore definitions among a factory's arguments become optax transformations."""
+  if isinstance(value, OptaxWrapper):
+    return value.optax_optimizer
+  if isinstance(value, OptimizerDef):
+    raise TypeError(
+      f"{value!r} is not an optax transformation; only optcore's wrapped optax optimizers can "
+      "be passed where optax expects a transformation."
+    )
+  if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+    converted = [_as_optax(v) for v in value]
+    return type(value)(converted)
+  return value
+
+
+def _check_protocol(tx: Any, what: str | None = None) -> None:
+  if not (callable(getattr(tx, "init", None)) and callable(getattr(tx, "update", None))):
+    raise TypeError(
+      f"{what or 'OptaxWrapper'} needs an object with optax's init/update protocol (an "
+      f"optax.GradientTransformation), found {type(tx).__name__}: {tx!r:.80}"
+    )
+
+
+def _changed(base: HyperParams, new: HyperParams) -> dict[str, Any]:
+  if new is base:
+    return {}
+  return {k: v for k, v in new.items() if static_key(v) != static_key(base[k])}
+
+
+def _aval(x: Any) -> jax.ShapeDtypeStruct:
+  return jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x))
+
+
+def _inputs_used(jaxpr: Any, n: int) -> list[bool]:
+  """Whether each of the first ``n`` inputs of ``jaxpr`` reaches an output.
+
+  A backward liveness pass: values computed and dropped (optax builds
+  ``-learning_rate`` in the factory even where init never reads it) do not
+  count. An equation with a live output keeps all its inputs live.
+  """
+  live = {id(v) for v in jaxpr.outvars}
+  for eqn in reversed(jaxpr.eqns):
+    if eqn.effects or any(id(v) in live for v in eqn.outvars):
+      live.update(id(v) for v in eqn.invars)
+  return [id(v) in live for v in jaxpr.invars[:n]]
+
+
+def _check_state_layout(
+  wrapper: OptaxWrapper, changed: Mapping[str, Any], new_shapes: PyTree, opt_state: PyTree
+) -> None:
+  expected = jax.tree_util.tree_flatten_with_path(opt_state)[0]
+  found = jax.tree_util.tree_flatten_with_path(new_shapes)[0]
+  if jax.tree.structure(opt_state) == jax.tree.structure(new_shapes):
+    mismatch = [
+      (p, e, f) for (p, e), (_, f) in zip(expected, found, strict=True)
+      if (jnp.shape(e), jnp.result_type(e)) != (f.shape, f.dtype)
+    ]
+    if not mismatch:
+      return
+    p, e, f = mismatch[0]
+    detail = (
+      f"at {paths.path_str(p)!r} the state holds shape {jnp.shape(e)} {jnp.result_type(e)}, "
+      f"the override would need {f.shape} {f.dtype}"
+    )
+  else:
+    detail = (
+      f"the state would change from {jax.tree.structure(opt_state)} "
+      f"to {jax.tree.structure(new_shapes)}"
+    )
+  raise ValueError(
+    f"{wrapper._name}: overriding {sorted(changed)} would change the optimizer state's layout "
+    f"({detail}). Overrides last one step and cannot add or reshape state; create the "
+    "optimizer with that setting instead (for example optcore.sgd(lr, momentum=0.9) rather "
+    "than overriding momentum)."
+  )

@@ -1,0 +1,173 @@
+"""State dicts in Flax's layout, written and read without importing Flax.
+
+``to_state_dict`` turns any pytree into nested dicts: mapping keys, NamedTuple
+fields and object attributes become keys, list and tuple items become ``'0'``,
+``'1'``, ...; None stays None and arrays stay as they are. ``from_state_dict``
+reads such a dict back into the structure of a reference tree and checks every
+key, shape and dtype before it builds anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import numpy as np
+
+from optcore._src import paths
+
+
+class StateDictError(ValueError):
+  """A state dict that does not fit the tree it is restored into."""
+
+
+StateDictError.__module__ = "optcore"
+
+
+def to_state_dict(tree: Any) -> Any:
+  """Converts a pytree into Flax's nested-dict state-dict layout.
+
+  Example:
+    >>> import optax
+    >>> from optcore import to_state_dict
+    >>> to_state_dict((optax.EmptyState(), {'w': 1.0}, [None]))
+    {'0': {}, '1': {'w': 1.0}, '2': {'0': None}}
+  """
+  if tree is None:
+    return None
+  split = paths.children_with_keys(tree)
+  if split is None:
+    return tree
+  out: dict[str, Any] = {}
+  for key, child in split[0]:
+    name = paths.key_name(key)
+    if name in out:
+      raise StateDictError(f"two children of a {type(tree).__name__} both write the key {name!r}")
+    out[name] = to_state_dict(child)
+  return out
+
+
+def drop_empty(state_dict: Any) -> Any:
+  """Removes empty dicts (optax's EmptyState) recursively, as T5X writes them."""
+  if not isinstance(state_dict, dict):
+    return state_dict
+  out = {}
+  for key, value in state_dict.items():
+    value = drop_empty(value)
+    if isinstance(value, dict) and not value:
+      continue
+    out[key] = value
+  return out
+
+
+def from_state_dict(reference: Any, state_dict: Any, *, root: str = "") -> Any:
+  """Reads ``state_dict`` back into the structure of ``reference``.
+
+  Every key, shape and dtype is checked first; a mismatch raises a
+  `StateDictError` naming the path, and nothing is built. Keys that the
+  reference would write as empty dicts may be missing (T5X drops them).
+
+  Example:
+    >>> import numpy as np
+    >>> from optcore import from_state_dict
+    >>> ref = {'w': np.zeros(2, np.float32)}
+    >>> from_state_dict(ref, {'w': np.ones(2, np.float32)})
+    {'w': array([1., 1.], dtype=float32)}
+    >>> from_state_dict(ref, {'w': np.ones(3, np.float32)}, root='target')
+    Traceback (most recent call last):
+    ...
+    optcore.StateDictError: at 'target/w': expected an array of shape (2,) and dtype float32, found shape (3,) and dtype float32. ...
+  """
+  return _restore(reference, state_dict, root)
+
+
+def _restore(ref: Any, value: Any, path: str) -> Any:
+  if ref is None:
+    if value is not None:
+      raise StateDictError(f"at {path!r}: expected None, found {_describe(value)}.")
+    return None
+  split = paths.children_with_keys(ref)
+  if split is None:
+    return _restore_leaf(ref, value, path)
+  children, treedef = split
+  if not isinstance(value, Mapping):
+    raise StateDictError(
+      f"at {path!r}: expected a dict with keys {[paths.key_name(k) for k, _ in children]} "
+      f"(for a {type(ref).__name__}), found {_describe(value)}."
+    )
+  names = [paths.key_name(k) for k, _ in children]
+  extra = sorted(set(map(str, value)) - set(names))
+  if extra:
+    raise StateDictError(
+      f"at {path!r}: unexpected keys {extra}; this {type(ref).__name__} has keys {names}. "
+      "The state dict was written for a different optimizer or parameter structure."
+    )
+  new_children = []
+  for name, (_, child) in zip(names, children, strict=True):
+    child_path = f"{path}/{name}" if path else name
+    if name in value:
+      new_children.append(_restore(child, value[name], child_path))
+    elif _is_empty(child):
+      new_children.append(child)
+    else:
+      raise StateDictError(
+        f"at {child_path!r}: missing from the state dict; expected {_describe(child)}. "
+        "The state dict was written for a different optimizer or parameter structure."
+      )
+  return treedef.unflatten(new_children)
+
+
+def _restore_leaf(ref: Any, value: Any, path: str) -> Any:
+  if isinstance(value, Mapping) or value is None:
+    raise StateDictError(f"at {path!r}: expected {_describe(ref)}, found {_describe(value)}.")
+  ref_shape = np.shape(ref)
+  if np.shape(value) != ref_shape:
+    raise StateDictError(
+      f"at {path!r}: expected {_describe(ref)}, found {_describe(value)}. The state dict was "
+      "written for parameters of other shapes; restore into an optimizer created from "
+      "parameters of the same shapes."
+    )
+  ref_dtype = getattr(ref, "dtype", None)
+  if ref_dtype is not None:
+    value_dtype = getattr(value, "dtype", None)
+    if value_dtype is None:  # a Python scalar: take the reference's dtype
+      return np.asarray(value, dtype=ref_dtype)
+    if value_dtype != ref_dtype:
+      raise StateDictError(
+        f"at {path!r}: expected {_describe(ref)}, found {_describe(value)}. Cast the "
+        f"checkpoint's value to {_dtype_name(ref_dtype)} before restoring it."
+      )
+  return value
+
+
+def _is_empty(tree: Any) -> bool:
+  """True where `to_state_dict` writes nothing but (nested) empty dicts."""
+  return tree is not None and not jax.tree_util.tree_leaves(tree) and _has_no_none(tree)
+
+
+def _has_no_none(tree: Any) -> bool:
+  return all(x is not None for x in jax.tree_util.tree_leaves(tree, is_leaf=lambda x: x is None))
+
+
+def _describe(x: Any) -> str:
+  if x is None:
+    return "None"
+  if isinstance(x, Mapping):
+    return f"a dict with keys {sorted(map(str, x))}"
+  if hasattr(x, "shape") and hasattr(x, "dtype"):
+    return f"an array of shape {tuple(x.shape)} and dtype {_dtype_name(x.dtype)}"
+  if isinstance(x, (int, float, complex, bool, np.generic)):
+    return f"a scalar {x!r}"
+  split = paths.children_with_keys(x)
+  if split is not None:
+    return f"a {type(x).__name__} with keys {[paths.key_name(k) for k, _ in split[0]]}"
+  return f"a {type(x).__name__}"
+
+
+def _dtype_name(dtype: Any) -> str:
+  """``float32``; typed PRNG key dtypes (``key<fry>``) have no NumPy name."""
+  try:
+    return np.dtype(dtype).name
+  except TypeError:
+    return str(dtype)
