@@ -64,7 +64,9 @@ def optcore_run(case: Case, steps: int, **overrides):
 
 
 def test_catalogue_covers_every_wrapped_optimizer():
-  wrapped = set(optcore.OPTAX_ALIASES) | {f"contrib.{n}" for n in optcore.contrib.CONTRIB_OPTIMIZERS}
+  wrapped = set(optcore.OPTAX_ALIASES) | {
+    f"contrib.{n}" for n in optcore.contrib.CONTRIB_OPTIMIZERS
+  }
   assert {c.name for c in CASES} == wrapped
 
 
@@ -217,8 +219,11 @@ def test_equal_definitions_do_not_retrace():
 def test_override_matches_a_definition_built_with_that_value():
   params = make_params()
   grads = jax.grad(loss_fn)(params)
-  overridden = optcore.adamw(1e-3, weight_decay=0.1).create(params).apply_gradient(
-    grads, learning_rate=0.02, b2=0.99, weight_decay=0.0)
+  overridden = (
+    optcore.adamw(1e-3, weight_decay=0.1)
+    .create(params)
+    .apply_gradient(grads, learning_rate=0.02, b2=0.99, weight_decay=0.0)
+  )
   built = optcore.adamw(0.02, b2=0.99, weight_decay=0.0).create(params).apply_gradient(grads)
   assert_trees_equal(overridden.target, built.target)
   assert_trees_equal(overridden.state, built.state)
@@ -227,14 +232,18 @@ def test_override_matches_a_definition_built_with_that_value():
 def test_unknown_hyper_parameter_is_a_type_error_listing_valid_names():
   opt = optcore.adam(1e-3).create(make_params())
   grads = jax.grad(loss_fn)(opt.target)
-  with pytest.raises(TypeError, match=r"unknown hyper-parameter 'lr'.*valid names are: b1, b2, eps"):
+  with pytest.raises(
+    TypeError, match=r"unknown hyper-parameter 'lr'.*valid names are: b1, b2, eps"
+  ):
     opt.apply_gradient(grads, lr=0.1)
 
 
 def test_override_that_changes_the_state_layout_is_refused():
   opt = optcore.sgd(0.1).create(make_params())
   grads = jax.grad(loss_fn)(opt.target)
-  with pytest.raises(ValueError, match=r"sgd: overriding \['momentum'\] would change the optimizer state"):
+  with pytest.raises(
+    ValueError, match=r"sgd: overriding \['momentum'\] would change the optimizer state"
+  ):
     opt.apply_gradient(grads, momentum=0.9)
   opt = optcore.adam(0.1).create(make_params())
   with pytest.raises(ValueError, match=r"'/0/mu/dense/bias'.*float32.*bfloat16"):
@@ -256,7 +265,9 @@ def test_traced_override_of_a_python_branching_argument_says_so():
   opt = optcore.adafactor(0.1, min_dim_size_to_factor=2).create(make_params())
   grads = jax.grad(loss_fn)(opt.target)
   step = jax.jit(lambda o, n: o.apply_gradient(grads, min_dim_size_to_factor=n))
-  with pytest.raises(TypeError, match=r"overriding \['min_dim_size_to_factor'\] with a traced value"):
+  with pytest.raises(
+    TypeError, match=r"overriding \['min_dim_size_to_factor'\] with a traced value"
+  ):
     step(opt, 1)
   # The same override as a Python constant works (and keeps the layout here).
   opt.apply_gradient(grads, min_dim_size_to_factor=1)
@@ -265,8 +276,11 @@ def test_traced_override_of_a_python_branching_argument_says_so():
 def test_optax_wrapper_takes_any_init_update_object():
   params = make_params()
   grads = jax.grad(loss_fn)(params)
-  for tx in (optax.adam(1e-2), optax.MultiSteps(optax.adam(1e-2), every_k_schedule=2),
-             optax.chain(optax.clip(0.5), optax.sgd(0.1))):
+  for tx in (
+    optax.adam(1e-2),
+    optax.MultiSteps(optax.adam(1e-2), every_k_schedule=2),
+    optax.chain(optax.clip(0.5), optax.sgd(0.1)),
+  ):
     opt = optcore.OptaxWrapper(tx).create(params)
     state = tx.init(params)
     expected = params
@@ -285,7 +299,7 @@ def test_optax_wrapper_of_a_ready_transformation_refuses_overrides():
 
 
 def test_optax_wrapper_rejects_objects_without_the_protocol():
-  with pytest.raises(TypeError, match="init/update protocol.*found int"):
+  with pytest.raises(TypeError, match=r"init/update protocol.*found int"):
     optcore.OptaxWrapper(3)
   with pytest.raises(TypeError, match=r"adam\(\): missing a required argument: 'learning_rate'"):
     optcore.adam()
@@ -317,5 +331,6 @@ def test_extra_args_on_a_plain_transformation_are_accepted():
   params = make_params()
   grads = jax.grad(loss_fn)(params)
   opt = optcore.sgd(0.1).create(params)
-  assert_trees_equal(opt.apply_gradient(grads, extra_args={"value": 1.0}).target,
-                     opt.apply_gradient(grads).target)
+  assert_trees_equal(
+    opt.apply_gradient(grads, extra_args={"value": 1.0}).target, opt.apply_gradient(grads).target
+  )

@@ -107,22 +107,30 @@ CASES = [
   ),
   Case("contrib.galore", {**LR, "rank": 2, "update_proj_gap": 2}),
   Case("contrib.madgrad", LR, frozen_at_zero_lr=False),
-  Case("contrib.mechanize", {}, lr_name=None,
-       make_args=lambda c: {"base_optimizer": _base(c)}),
+  Case("contrib.mechanize", {}, lr_name=None, make_args=lambda c: {"base_optimizer": _base(c)}),
   Case("contrib.momo", {"learning_rate": 0.5}, extra="value"),
   Case("contrib.momo_adam", {"learning_rate": 0.1}, extra="value"),
   Case("contrib.muon", LR),
   Case("contrib.prodigy", {"learning_rate": 1.0}, frozen_at_zero_lr=False),
-  Case("contrib.sam", {"sync_period": 2}, lr_name=None,
-       make_args=lambda c: {"optimizer": _base(c), "adv_optimizer": _base(c, 0.01)}),
-  Case("contrib.schedule_free", LR, frozen_at_zero_lr=False,
-       make_args=lambda c: {"base_optimizer": _base(c, 1.0)}),
+  Case(
+    "contrib.sam",
+    {"sync_period": 2},
+    lr_name=None,
+    make_args=lambda c: {"optimizer": _base(c), "adv_optimizer": _base(c, 0.01)},
+  ),
+  Case(
+    "contrib.schedule_free",
+    LR,
+    frozen_at_zero_lr=False,
+    make_args=lambda c: {"base_optimizer": _base(c, 1.0)},
+  ),
   Case("contrib.schedule_free_adamw", LR, frozen_at_zero_lr=False),
   Case("contrib.schedule_free_sgd", LR, frozen_at_zero_lr=False),
   Case("contrib.simplified_ademamix", LR),
   Case("contrib.sophia", LR, extra="obj_fn"),
-  Case("contrib.split_real_and_imaginary", {}, lr_name=None,
-       make_args=lambda c: {"inner": _base(c)}),
+  Case(
+    "contrib.split_real_and_imaginary", {}, lr_name=None, make_args=lambda c: {"inner": _base(c)}
+  ),
 ]
 
 
@@ -130,8 +138,10 @@ def make_params(seed: int = 0, dtype=jnp.float32) -> dict[str, Any]:
   """A small tree with a matrix, a vector and a nested level."""
   rng = np.random.default_rng(seed)
   return {
-    "dense": {"kernel": jnp.asarray(rng.normal(size=(4, 3)), dtype),
-              "bias": jnp.asarray(rng.normal(size=(3,)), dtype)},
+    "dense": {
+      "kernel": jnp.asarray(rng.normal(size=(4, 3)), dtype),
+      "bias": jnp.asarray(rng.normal(size=(3,)), dtype),
+    },
     "scale": jnp.asarray(rng.normal(size=(2, 5)), dtype),
   }
 

@@ -56,7 +56,8 @@ def optax_contrib_names() -> list[str]:
 
 def _names_with_learning_rate(module: Any, names: list[str]) -> list[str]:
   return [
-    n for n in names
+    n
+    for n in names
     if not n.startswith("scale_by_") and "learning_rate" in _parameters(getattr(module, n))
   ]
 

@@ -87,7 +87,12 @@ class OptimizerDef:
     )
 
   def apply_param_gradient(
-    self, step: jax.Array, hyper_params: HyperParams, param: jax.Array, state: PyTree, grad: jax.Array
+    self,
+    step: jax.Array,
+    hyper_params: HyperParams,
+    param: jax.Array,
+    state: PyTree,
+    grad: jax.Array,
   ) -> tuple[jax.Array, PyTree]:
     """Updates one parameter; ``step`` counts the updates before this one."""
     raise NotImplementedError(
@@ -98,10 +103,16 @@ class OptimizerDef:
 
   def init_state(self, params: PyTree) -> OptimizerState:
     """The state at step 0 for ``params``."""
-    return OptimizerState(jnp.asarray(0, dtype=jnp.int32), jax.tree.map(self.init_param_state, params))
+    return OptimizerState(
+      jnp.asarray(0, dtype=jnp.int32), jax.tree.map(self.init_param_state, params)
+    )
 
   def apply_gradient(
-    self, hyper_params: HyperParams, params: PyTree, state: OptimizerState, grads: PyTree,
+    self,
+    hyper_params: HyperParams,
+    params: PyTree,
+    state: OptimizerState,
+    grads: PyTree,
     **extra_args: Any,
   ) -> tuple[PyTree, OptimizerState]:
     """Applies one step; returns ``(new_params, new_state)``."""
@@ -170,13 +181,22 @@ class OptimizerDef:
   def _static_key(self) -> tuple:
     return (type(self), self.hyper_params)
 
+  def _cached_key(self) -> tuple:
+    # jit hashes and compares the definition on every call: compute the key once.
+    key = self.__dict__.get("_key_cache")
+    if key is None:
+      key = self.__dict__["_key_cache"] = (self._static_key(), hash(self._static_key()))
+    return key
+
   def __eq__(self, other: object) -> bool:
+    if self is other:
+      return True
     if not isinstance(other, OptimizerDef):
       return NotImplemented
-    return self._static_key() == other._static_key()
+    return self._cached_key() == other._cached_key()
 
   def __hash__(self) -> int:
-    return hash(self._static_key())
+    return self._cached_key()[1]
 
   def __repr__(self) -> str:
     inner = ", ".join(f"{k}={v!r}" for k, v in self.hyper_params.items())
@@ -213,7 +233,11 @@ class Optimizer(Generic[T]):
   target: T
 
   def apply_gradient(
-    self, grads: PyTree, *, extra_args: Mapping[str, Any] | None = None, **hyper_param_overrides: Any
+    self,
+    grads: PyTree,
+    *,
+    extra_args: Mapping[str, Any] | None = None,
+    **hyper_param_overrides: Any,
   ) -> Optimizer[T]:
     """Applies one update with ``grads``; returns the new Optimizer.
 

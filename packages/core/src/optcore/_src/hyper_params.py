@@ -59,10 +59,11 @@ class HyperParams(Mapping[str, Any]):
     TypeError: unknown hyper-parameter 'lr'; the valid names are: beta, learning_rate
   """
 
-  __slots__ = ("_values",)
+  __slots__ = ("_key_cache", "_values")
 
   def __init__(self, **values: Any):
     object.__setattr__(self, "_values", dict(values))
+    object.__setattr__(self, "_key_cache", None)
 
   def __getattr__(self, name: str) -> Any:
     try:
@@ -90,7 +91,9 @@ class HyperParams(Mapping[str, Any]):
     if unknown:
       valid = ", ".join(sorted(self._values)) or "(none)"
       noun = "hyper-parameter" if len(unknown) == 1 else "hyper-parameters"
-      raise TypeError(f"unknown {noun} {', '.join(map(repr, unknown))}; the valid names are: {valid}")
+      raise TypeError(
+        f"unknown {noun} {', '.join(map(repr, unknown))}; the valid names are: {valid}"
+      )
     return HyperParams(**{**self._values, **changes})
 
   def __eq__(self, other: object) -> bool:
@@ -102,7 +105,10 @@ class HyperParams(Mapping[str, Any]):
     return hash(self._key())
 
   def _key(self) -> tuple:
-    return tuple((name, static_key(value)) for name, value in self._values.items())
+    if self._key_cache is None:
+      key = tuple((name, static_key(value)) for name, value in self._values.items())
+      object.__setattr__(self, "_key_cache", key)
+    return self._key_cache
 
   def __repr__(self) -> str:
     inner = ", ".join(f"{name}={value!r}" for name, value in self._values.items())

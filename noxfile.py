@@ -1,0 +1,163 @@
+"""Every task of the optcore workspace.
+
+  nox -s tests       every CPU variant: core, flax, equinox, treex, all
+  nox -s lint        ruff check and ruff format --check
+  nox -s demo        the main example
+  nox -s bench       the benchmarks (reports under benchmarks/results/)
+  nox -s wheels      build the four wheels, install them as a user would
+  nox -s tests-cuda  the suite on JAX's CUDA build (needs an NVIDIA GPU)
+
+Installs come from uv.lock (``uv sync --frozen``), so every run tests the
+versions developers test. Each variant gets its own venv holding only its
+package, that package's framework and the test tools: the core variant proves
+the core needs no framework.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import nox
+
+nox.needs_version = ">=2024.10.9"
+nox.options.default_venv_backend = "uv|virtualenv"
+nox.options.sessions = ["tests"]
+
+ROOT = Path(__file__).parent
+PYTHON = "3.11"
+
+# variant -> (workspace package to install, test folders it runs)
+VARIANTS = {
+  "core": ("optcore", ["tests/core"]),
+  "flax": ("optcore-flax", ["tests/flax"]),
+  "equinox": ("optcore-equinox", ["tests/equinox"]),
+  "treex": ("optcore-treex", ["tests/treex"]),
+  "all": (None, ["tests/conformance", "tests/distributed"]),
+}
+ADAPTERS = {"flax": "optcore_flax", "equinox": "optcore_equinox", "treex": "optcore_treex"}
+
+
+def sync(session: nox.Session, package: str | None, *groups: str) -> None:
+  """Installs ``package`` (every member when None) and ``groups`` from uv.lock."""
+  if shutil.which("uv") is None:
+    session.error("these sessions install from uv.lock and need uv: pip install 'nox[uv]'")
+  args = ["uv", "sync", "--frozen", "--no-default-groups"]
+  args += ["--package", package] if package else ["--all-packages"]
+  for group in groups:
+    args += ["--group", group]
+  session.run_install(
+    *args, env={"UV_PROJECT_ENVIRONMENT": session.virtualenv.location}, external=True
+  )
+
+
+def run_pytest(session: nox.Session, folders: list[str], *extra: str) -> None:
+  session.run("python", "-m", "pytest", *folders, *extra, *session.posargs)
+
+
+@nox.session(python=PYTHON)
+@nox.parametrize("variant", list(VARIANTS))
+def tests(session: nox.Session, variant: str) -> None:
+  """The test suite on CPU, one venv per package."""
+  package, folders = VARIANTS[variant]
+  sync(session, package, "test")
+  run_pytest(session, folders)
+
+
+@nox.session(name="tests-cuda", python=PYTHON, default=False, tags=["cuda"])
+def tests_cuda(session: nox.Session) -> None:
+  """The whole suite on JAX's CUDA build; skips without an NVIDIA GPU.
+
+  Set OPTCORE_REQUIRE_GPU=1 where a GPU must be present (a GPU runner): then
+  a missing GPU fails the session instead of skipping it.
+  """
+  if not _nvidia_gpu_visible():
+    message = "no NVIDIA GPU is visible (nvidia-smi -L lists none)"
+    if os.environ.get("OPTCORE_REQUIRE_GPU") == "1":
+      session.error(f"OPTCORE_REQUIRE_GPU=1 but {message}")
+    session.skip(f"{message}; the CUDA tests need one")
+  sync(session, None, "test")
+  jax_version = session.run(
+    "python", "-c", "import jax; print(jax.__version__)", silent=True
+  ).strip()
+  session.install(f"jax[cuda12]=={jax_version}")
+  session.run(
+    "python",
+    "-c",
+    "import jax; d = jax.devices(); assert d[0].platform == 'gpu', d; print('devices:', d)",
+  )
+  run_pytest(
+    session,
+    [f for _, folders in VARIANTS.values() for f in folders],
+    env={"OPTCORE_REQUIRE_GPU": "1"},
+  )
+
+
+def _nvidia_gpu_visible() -> bool:
+  if shutil.which("nvidia-smi") is None:
+    return False
+  result = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False)
+  return result.returncode == 0 and "GPU" in result.stdout
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+  """ruff check and ruff format --check over the whole repository."""
+  sync(session, "optcore", "lint")
+  session.run("ruff", "check", ".")
+  session.run("ruff", "format", "--check", ".")
+
+
+@nox.session(python=PYTHON)
+def demo(session: nox.Session) -> None:
+  """Runs the main example."""
+  sync(session, None)
+  session.run("python", "examples/quickstart_core.py")
+
+
+@nox.session(python=PYTHON)
+def bench(session: nox.Session) -> None:
+  """Step-time comparisons against raw optax; writes benchmarks/results/."""
+  sync(session, None)
+  session.run("python", "benchmarks/run.py", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def wheels(session: nox.Session) -> None:
+  """Builds the four wheels, then installs each extra from them as a user would."""
+  dist = ROOT / "dist"
+  shutil.rmtree(dist, ignore_errors=True)
+  session.run("uv", "build", "--all-packages", "--wheel", "--out-dir", str(dist), external=True)
+  built = sorted(p.name for p in dist.glob("*.whl"))
+  session.log(f"built: {built}")
+  if len(built) != 4:
+    session.error(f"expected 4 wheels, found {built}")
+  # Pinned, so a same-named project on PyPI can never stand in for the build.
+  version = next(dist.glob("optcore-*.whl")).name.split("-")[1]
+  for extra, module in ADAPTERS.items():
+    venv = Path(session.create_tmp()) / f"user-{extra}"
+    shutil.rmtree(venv, ignore_errors=True)
+    session.run("uv", "venv", "--quiet", "--python", PYTHON, str(venv), external=True)
+    python = str(venv / "bin" / "python")
+    # What a user types, with the freshly built wheels standing in for PyPI's.
+    session.run("uv", "pip", "install", "--quiet", "--python", python, "pip", external=True)
+    session.run(
+      python,
+      "-m",
+      "pip",
+      "install",
+      "--quiet",
+      "--find-links",
+      str(dist),
+      f"optcore[{extra}]=={version}",
+      external=True,
+    )
+    session.run(
+      python,
+      "-c",
+      f"import optcore, {module}; assert {module}.__version__ == optcore.__version__; "
+      f"print('optcore[{extra}]', optcore.__version__, 'imports optcore and {module}')",
+      external=True,
+    )

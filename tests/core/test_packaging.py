@@ -1,0 +1,49 @@
+"""The four distributions move in lockstep, and the core imports no framework."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import optcore
+
+ROOT = Path(__file__).resolve().parents[2]
+ADAPTERS = {"flax": "flax_adapter", "equinox": "equinox_adapter", "treex": "treex_adapter"}
+
+
+def project(folder: str) -> dict:
+  return tomllib.loads((ROOT / "packages" / folder / "pyproject.toml").read_text())["project"]
+
+
+def test_one_version_and_exact_pins():
+  core = project("core")
+  version = core["version"]
+  assert optcore.__version__ == version
+  extras = core["optional-dependencies"]
+  for extra, folder in ADAPTERS.items():
+    adapter = project(folder)
+    assert adapter["version"] == version
+    assert f"optcore=={version}" in adapter["dependencies"]
+    assert extras[extra] == [f"{adapter['name']}=={version}"]
+  assert sorted(extras["all"]) == sorted(
+    f"{project(f)['name']}=={version}" for f in ADAPTERS.values()
+  )
+
+
+def test_core_dependencies_are_jax_optax_numpy_only():
+  names = {
+    d.split(">")[0].split("=")[0].split("<")[0].strip() for d in project("core")["dependencies"]
+  }
+  assert names == {"jax", "optax", "numpy"}
+
+
+def test_importing_the_core_loads_no_framework():
+  code = (
+    "import sys, optcore, optcore.contrib; "
+    "frameworks = ('flax', 'equinox', 'treeo', 'treex'); "
+    "print(sorted(m for m in sys.modules if m.split('.')[0] in frameworks))"
+  )
+  result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+  assert result.stdout.strip() == "[]"

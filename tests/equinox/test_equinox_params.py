@@ -1,0 +1,42 @@
+"""The core over Equinox modules: the same numbers as optax, attribute paths."""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import optcore
+import optcore_equinox
+
+
+def test_adapter_imports_with_the_core_version():
+  assert optcore_equinox.__version__ == optcore.__version__
+
+
+def mlp():
+  return eqx.nn.MLP(3, 2, width_size=4, depth=2, key=jax.random.key(0))
+
+
+def test_core_on_filtered_module_equals_optax_bitwise():
+  params, static = eqx.partition(mlp(), eqx.is_inexact_array)
+  x = jnp.linspace(-1, 1, 3)
+  grad_fn = jax.jit(jax.grad(lambda p: jnp.sum(eqx.combine(p, static)(x) ** 2)))
+  tx = optax.adamw(1e-2)
+  state, expected = tx.init(params), params
+  opt = optcore.adamw(1e-2).create(params)
+  for _ in range(5):
+    updates, state = tx.update(grad_fn(expected), state, expected)
+    expected = eqx.apply_updates(expected, updates)
+    opt = opt.apply_gradient(grad_fn(opt.target))
+  for a, b in zip(jax.tree.leaves(opt.target), jax.tree.leaves(expected), strict=True):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_state_dict_keys_are_attribute_names():
+  params = eqx.filter(mlp(), eqx.is_inexact_array)
+  sd = optcore.adam(1e-3).create(params).state_dict()
+  assert set(sd["target"]["layers"]["0"]) >= {"weight", "bias"}
+  assert sd["state"]["param_states"]["0"]["mu"]["layers"]["2"]["weight"].shape == (2, 4)

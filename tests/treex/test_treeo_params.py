@@ -1,0 +1,36 @@
+"""The treex adapter installs next to treeo on today's JAX."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import optax
+import treeo as to
+
+import optcore
+import optcore_treex
+
+
+def test_adapter_imports_with_the_core_version():
+  assert optcore_treex.__version__ == optcore.__version__
+
+
+class Linear(to.Tree):
+  w: jnp.ndarray = to.field(node=True)
+  b: jnp.ndarray = to.field(node=True)
+
+  def __init__(self):
+    self.w = jnp.ones((2, 3))
+    self.b = jnp.zeros(3)
+
+
+def test_core_on_a_treeo_tree_equals_optax():
+  params = Linear()
+  grads = Linear()
+  tx = optax.sgd(0.1, momentum=0.9)
+  updates, _ = tx.update(grads, tx.init(params), params)
+  expected = optax.apply_updates(params, updates)
+  opt = optcore.sgd(0.1, momentum=0.9).create(params).apply_gradient(grads)
+  assert isinstance(opt.target, Linear)
+  np.testing.assert_array_equal(opt.target.w, expected.w)
+  np.testing.assert_array_equal(opt.target.b, expected.b)
