@@ -71,7 +71,8 @@ def tests_cuda(session: nox.Session) -> None:
   """The whole suite on JAX's CUDA build; skips without an NVIDIA GPU.
 
   Set OPTCORE_REQUIRE_GPU=1 where a GPU must be present (a GPU runner): then
-  a missing GPU fails the session instead of skipping it.
+  a missing GPU fails the session instead of skipping it. OPTCORE_JAX_CUDA
+  picks JAX's CUDA extra (default cuda12).
   """
   if not _nvidia_gpu_visible():
     message = "no NVIDIA GPU is visible (nvidia-smi -L lists none)"
@@ -82,7 +83,9 @@ def tests_cuda(session: nox.Session) -> None:
   jax_version = session.run(
     "python", "-c", "import jax; print(jax.__version__)", silent=True
   ).strip()
-  session.install(f"jax[cuda12]=={jax_version}")
+  # cuda12 runs on the widest range of drivers; OPTCORE_JAX_CUDA=cuda13 picks the newer build.
+  extra = os.environ.get("OPTCORE_JAX_CUDA", "cuda12")
+  session.install(f"jax[{extra}]=={jax_version}")
   session.run(
     "python",
     "-c",
