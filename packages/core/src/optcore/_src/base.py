@@ -32,6 +32,15 @@ class OptimizerState:
     param_states: for a per-parameter definition, a tree shaped like the
       parameters; for a wrapped optax optimizer, the optax state as optax
       lays it out.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> import optcore
+    >>> state = optcore.sgd(0.1, momentum=0.9).init_state({'w': jnp.zeros(2)})
+    >>> int(state.step), type(state.param_states[0]).__name__
+    (0, 'TraceState')
+    >>> state.replace(step=state.step + 1).step
+    Array(1, dtype=int32)
   """
 
   step: jax.Array

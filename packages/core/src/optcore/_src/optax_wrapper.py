@@ -56,31 +56,30 @@ class OptaxWrapper(OptimizerDef):
 
   def __init__(self, optax_optimizer: Any):
     _check_protocol(optax_optimizer)
-    super().__init__(HyperParams())
+    self._setup(HyperParams(), None, type(optax_optimizer).__name__)
     self.optax_optimizer = optax_optimizer
-    self._factory: Callable[..., Any] | None = None
-    self._signature: inspect.Signature | None = None
-    self._name = type(optax_optimizer).__name__
-    self._checked: collections.OrderedDict = collections.OrderedDict()
 
   @classmethod
   def _from_factory(
     cls, factory: Callable[..., Any], name: str, args: tuple, kwargs: dict
   ) -> OptaxWrapper:
-    signature = inspect.signature(factory)
     try:
-      bound = signature.bind(*args, **kwargs)
+      bound = inspect.signature(factory).bind(*args, **kwargs)
     except TypeError as e:
       raise TypeError(f"{name}(): {e}") from None
     bound.apply_defaults()
     self = cls.__new__(cls)
-    OptimizerDef.__init__(self, HyperParams(**bound.arguments))
-    self._factory = factory
-    self._signature = signature
-    self._name = name
-    self._checked = collections.OrderedDict()
+    self._setup(HyperParams(**bound.arguments), factory, name)
     self.optax_optimizer = self._build(self.hyper_params)
     return self
+
+  def _setup(self, hyper_params: HyperParams, factory: Callable[..., Any] | None, name: str):
+    OptimizerDef.__init__(self, hyper_params)
+    self._factory = factory
+    self._signature = inspect.signature(factory) if factory is not None else None
+    self._name = name
+    # Override signatures already checked (see _check_overrides), oldest first.
+    self._checked: collections.OrderedDict = collections.OrderedDict()
 
   def _build(self, hyper_params: HyperParams) -> Any:
     """The optax transformation for ``hyper_params``."""
