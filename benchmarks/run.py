@@ -3,8 +3,9 @@
 For each optimizer and model size the jitted update is timed for raw optax
 (``tx.update`` + ``optax.apply_updates``) and for ``Optimizer.apply_gradient``
 (with and without a traced learning-rate override, as a trainer calls it),
-all with buffer donation, interleaved round by round; the reported ratio is
-the median over rounds of (optcore / raw optax). The compiled programs' bytes
+all with buffer donation, interleaved round by round in a shuffled order; the
+reported ratio is the median over rounds of (optcore / raw optax), beside an
+A/A control (a second raw optax run) that shows the noise floor. The compiled programs' bytes
 accessed (XLA's cost analysis) are compared too: a noise-free check that
 optcore adds no work to the step.
 
@@ -61,10 +62,13 @@ def optcore_step(override: bool):
   return jax.jit(lambda opt, grads: opt.apply_gradient(grads), donate_argnums=(0,))
 
 
-def bytes_accessed(jitted, *args) -> float:
-  cost = jitted.lower(*args).compile().cost_analysis()
+def compiled_costs(jitted, *args) -> tuple[float, float]:
+  """XLA's bytes accessed and peak memory for one call of the compiled step."""
+  compiled = jitted.lower(*args).compile()
+  cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, list) else cost
-  return float(cost.get("bytes accessed", float("nan")))
+  peak = compiled.memory_analysis().peak_memory_in_bytes
+  return float(cost.get("bytes accessed", float("nan"))), float(peak)
 
 
 def bench_one(name: str, total: int, leaves: int, rounds: int, steps: int) -> dict:
@@ -81,20 +85,26 @@ def bench_one(name: str, total: int, leaves: int, rounds: int, steps: int) -> di
   lr_value = jnp.float32(lr)
 
   raw_state = [jax.tree.map(jnp.copy, params), tx.init(params)]
+  # An A/A control: a second raw optax run, timed like the others. Its ratio
+  # to the first is the noise floor of this machine in this run.
+  control_state = [jax.tree.map(jnp.copy, params), tx.init(params)]
   opt = getattr(optcore, name)(lr).create(jax.tree.map(jnp.copy, params))
   opt_lr = getattr(optcore, name)(lr).create(jax.tree.map(jnp.copy, params))
   costs = {
-    "raw": bytes_accessed(raw, *raw_state, grads),
-    "optcore": bytes_accessed(ours, opt, grads),
-    "optcore_override": bytes_accessed(ours_lr, opt_lr, grads, lr_value),
+    "raw": compiled_costs(raw, *raw_state, grads),
+    "optcore": compiled_costs(ours, opt, grads),
+    "optcore_override": compiled_costs(ours_lr, opt_lr, grads, lr_value),
   }
 
-  def run_raw():
-    p, s = raw_state
-    for _ in range(steps):
-      p, s = raw(p, s, grads)
-    jax.block_until_ready((p, s))  # wait on every output, as for optcore
-    raw_state[:] = [p, s]
+  def raw_runner(holder: list):
+    def run_raw():
+      p, s = holder
+      for _ in range(steps):
+        p, s = raw(p, s, grads)
+      jax.block_until_ready((p, s))  # wait on every output, as for optcore
+      holder[:] = [p, s]
+
+    return run_raw
 
   holder = {"opt": opt, "opt_lr": opt_lr}
 
@@ -112,7 +122,12 @@ def bench_one(name: str, total: int, leaves: int, rounds: int, steps: int) -> di
     jax.block_until_ready(o)
     holder["opt_lr"] = o
 
-  runners = {"raw": run_raw, "optcore": run_ours, "optcore_override": run_ours_lr}
+  runners = {
+    "raw": raw_runner(raw_state),
+    "raw_control": raw_runner(control_state),
+    "optcore": run_ours,
+    "optcore_override": run_ours_lr,
+  }
   for fn in runners.values():  # warm-up: compile and touch every buffer
     fn()
   times: dict[str, list[float]] = {k: [] for k in runners}
@@ -143,9 +158,13 @@ def bench_one(name: str, total: int, leaves: int, rounds: int, steps: int) -> di
     "ratio": ratio("optcore")[0],
     "ratio_quartiles": ratio("optcore")[1:],
     "ratio_override": ratio("optcore_override")[0],
+    "control_ratio": ratio("raw_control")[0],
+    "control_quartiles": ratio("raw_control")[1:],
     "ratio_override_quartiles": ratio("optcore_override")[1:],
-    "bytes_ratio": costs["optcore"] / costs["raw"],
-    "bytes_ratio_override": costs["optcore_override"] / costs["raw"],
+    "bytes_ratio": costs["optcore"][0] / costs["raw"][0],
+    "bytes_ratio_override": costs["optcore_override"][0] / costs["raw"][0],
+    "peak_memory_bytes": {k: v[1] for k, v in costs.items()},
+    "peak_memory_ratio": costs["optcore"][1] / costs["raw"][1],
   }
 
 
@@ -175,7 +194,9 @@ def main() -> None:
         f"{name:8s} {row['params'] / 1e6:6.1f}M params in {row['leaves']} leaves: "
         f"raw {row['raw_ms']:8.2f} ms | optcore x{row['ratio']:.3f} "
         f"[{row['ratio_quartiles'][0]:.3f}-{row['ratio_quartiles'][1]:.3f}] "
-        f"(override x{row['ratio_override']:.3f}) | bytes accessed x{row['bytes_ratio']:.3f}"
+        f"(override x{row['ratio_override']:.3f}) | A/A control x{row['control_ratio']:.3f} "
+        f"[{row['control_quartiles'][0]:.3f}-{row['control_quartiles'][1]:.3f}] | "
+        f"bytes accessed x{row['bytes_ratio']:.3f} | peak memory x{row['peak_memory_ratio']:.4f}"
       )
 
   RESULTS.mkdir(exist_ok=True)
@@ -190,14 +211,17 @@ def main() -> None:
     f"Jitted step time, optcore against raw optax in the same run ({machine}).",
     "",
     "| optimizer | params | leaves | raw optax (ms) | optcore / optax [quartiles] "
-    "| with lr override | bytes accessed ratio |",
-    "|---|---|---|---|---|---|---|",
+    "| with lr override | optax / optax (A/A noise floor) | bytes accessed ratio "
+    "| peak memory ratio |",
+    "|---|---|---|---|---|---|---|---|---|",
   ]
   for r in results:
     lines.append(
       f"| {r['optimizer']} | {r['params'] / 1e6:.1f}M | {r['leaves']} | {r['raw_ms']:.2f} | "
       f"{r['ratio']:.3f} [{r['ratio_quartiles'][0]:.3f}-{r['ratio_quartiles'][1]:.3f}] | "
-      f"{r['ratio_override']:.3f} | {r['bytes_ratio']:.3f} |"
+      f"{r['ratio_override']:.3f} | {r['control_ratio']:.3f} "
+      f"[{r['control_quartiles'][0]:.3f}-{r['control_quartiles'][1]:.3f}] | "
+      f"{r['bytes_ratio']:.3f} | {r['peak_memory_ratio']:.4f} |"
     )
   (RESULTS / "step_time.md").write_text("\n".join(lines) + "\n")
   print(f"wrote {RESULTS / 'step_time.md'} and {RESULTS / 'step_time.json'}")
