@@ -21,8 +21,7 @@ class HeavyBall(optcore.OptimizerDef):
 
   def apply_param_gradient(self, step, hyper_params, param, state, grad):
     momentum = hyper_params.beta * state["momentum"] + grad
-    # Record the step seen, to check flax.optim's convention (0 on the first call).
-    return param - hyper_params.learning_rate * momentum + 0 * step, {"momentum": momentum}
+    return param - hyper_params.learning_rate * momentum, {"momentum": momentum}
 
 
 def test_per_parameter_definition_steps_like_flax_optim():
