@@ -6,6 +6,7 @@
   nox -s bench       the benchmarks (reports under benchmarks/results/)
   nox -s wheels      build the four wheels, install them as a user would
   nox -s tests-cuda  the suite on JAX's CUDA build (needs an NVIDIA GPU)
+  nox -s tests-lowest  the core on its declared minimum versions
 
 Installs come from uv.lock (``uv sync --frozen``), so every run tests the
 versions developers test. Each variant gets its own venv holding only its
@@ -64,6 +65,16 @@ def tests(session: nox.Session, variant: str) -> None:
   package, folders = VARIANTS[variant]
   sync(session, package, "test")
   run_pytest(session, folders)
+
+
+@nox.session(name="tests-lowest", python=PYTHON, default=False)
+def tests_lowest(session: nox.Session) -> None:
+  """The core's tests on the lowest versions its pyproject allows (not from uv.lock)."""
+  session.install("--resolution", "lowest-direct", "./packages/core", "pytest>=8.3")
+  session.run(
+    "python", "-c", "import jax, optax; print('jax', jax.__version__, 'optax', optax.__version__)"
+  )
+  run_pytest(session, ["tests/core"])
 
 
 @nox.session(name="tests-cuda", python=PYTHON, default=False, tags=["cuda"])
