@@ -334,3 +334,12 @@ def test_extra_args_on_a_plain_transformation_are_accepted():
   assert_trees_equal(
     opt.apply_gradient(grads, extra_args={"value": 1.0}).target, opt.apply_gradient(grads).target
   )
+
+
+def test_names_optcore_does_not_wrap_point_to_the_right_place():
+  with pytest.raises(AttributeError, match=r"in optax.contrib, use optcore.contrib.muon"):
+    _ = optcore.muon
+  with pytest.raises(AttributeError, match=r"optax.clip_by_global_norm is not one.*optcore.chain"):
+    _ = optcore.clip_by_global_norm
+  with pytest.raises(AttributeError, match=r"has no attribute 'adamm'"):
+    _ = optcore.adamm

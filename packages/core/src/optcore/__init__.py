@@ -16,6 +16,7 @@ Example:
   1
 """
 
+import sys as _sys
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _version
 
@@ -34,6 +35,7 @@ from optcore._src.optax_wrapper import wrap_optax_optimizer as wrap_optax_optimi
 from optcore._src.serialization import StateDictError as StateDictError
 from optcore._src.serialization import from_state_dict as from_state_dict
 from optcore._src.serialization import to_state_dict as to_state_dict
+from optcore.contrib import CONTRIB_OPTIMIZERS as _CONTRIB_OPTIMIZERS
 
 try:
   __version__ = _version("optcore")
@@ -46,6 +48,25 @@ OPTAX_ALIASES: tuple[str, ...] = tuple(_optax_alias_names())
 for _name in OPTAX_ALIASES:
   globals()[_name] = wrap_optax_optimizer(getattr(_optax, _name), name=_name)
 del _name
+
+
+def __getattr__(name: str):
+  """Points optax names that optcore does not wrap at the right place."""
+  if name in _CONTRIB_OPTIMIZERS:
+    raise AttributeError(
+      f"optcore has no {name!r}: it is in optax.contrib, use optcore.contrib.{name}"
+    )
+  if not name.startswith("_") and name in getattr(_optax, "__all__", ()):
+    raise AttributeError(
+      f"optcore has no {name!r}: optcore wraps optimizers, and optax.{name} is not one. Use it as "
+      f"it is, inside a chain: optcore.chain([optax.{name}(...), optcore.sgd(...)]), or wrap it: "
+      f"optcore.wrap_optax_optimizer(optax.{name})(...)"
+    )
+  # name/obj let Python add its "Did you mean: 'adam'?" to the message.
+  raise AttributeError(
+    f"module 'optcore' has no attribute {name!r}", name=name, obj=_sys.modules[__name__]
+  )
+
 
 __all__ = [
   "OPTAX_ALIASES",
