@@ -343,3 +343,14 @@ def test_names_optcore_does_not_wrap_point_to_the_right_place():
     _ = optcore.clip_by_global_norm
   with pytest.raises(AttributeError, match=r"has no attribute 'adamm'"):
     _ = optcore.adamm
+
+
+def test_overrides_on_bfloat16_params_match_optax_built_with_that_value():
+  params = make_params(dtype=jnp.bfloat16)
+  grads = jax.tree.map(lambda g: g.astype(jnp.bfloat16), jax.grad(loss_fn)(params))
+  step = jax.jit(lambda o, lr: o.apply_gradient(grads, learning_rate=lr, b1=0.8))
+  opt = step(optcore.adam(1e-3).create(params), 0.02)  # a weakly typed Python float
+  tx = optax.adam(0.02, b1=0.8)
+  updates, state = tx.update(grads, tx.init(params), params)
+  assert_trees_equal(opt.target, optax.apply_updates(params, updates))
+  assert_trees_equal(opt.state.param_states, state)

@@ -150,7 +150,7 @@ class OptaxWrapper(OptimizerDef):
   ) -> None:
     static = {k: v for k, v in changed.items() if k not in traced}
     key = (
-      tuple(sorted((k, jnp.shape(v), jnp.result_type(v)) for k, v in traced.items())),
+      tuple(sorted((k, _aval(v)) for k, v in traced.items())),
       tuple(sorted((k, static_key(v)) for k, v in static.items())),
       jax.tree.structure(params),
       tuple(_aval(x) for x in jax.tree.leaves(params)),
@@ -297,7 +297,9 @@ def _changed(base: HyperParams, new: HyperParams) -> dict[str, Any]:
 
 
 def _aval(x: Any) -> jax.ShapeDtypeStruct:
-  return jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x))
+  # Keep weak types: a Python float must promote in the check as it does in the step.
+  aval = jax.typeof(x)
+  return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
 
 
 def _inputs_used(jaxpr: Any, n: int) -> list[bool]:
