@@ -354,3 +354,25 @@ def test_overrides_on_bfloat16_params_match_optax_built_with_that_value():
   updates, state = tx.update(grads, tx.init(params), params)
   assert_trees_equal(opt.target, optax.apply_updates(params, updates))
   assert_trees_equal(opt.state.param_states, state)
+
+
+def test_hyper_params_override_passes_through_jit_as_a_pytree():
+  opt = optcore.sgd(0.1, momentum=0.9).create(make_params())
+  grads = jax.grad(loss_fn)(opt.target)
+  traces = []
+
+  @jax.jit
+  def step(opt, hyper_params):
+    traces.append(1)
+    return opt.apply_gradient(grads, hyper_params=hyper_params)
+
+  hp = opt.optimizer_def.hyper_params
+  frozen = step(opt, hp.replace(learning_rate=0.0))
+  assert_trees_equal(frozen.target, opt.target)
+  moved = step(opt, hp.replace(learning_rate=0.2))
+  # Jitted too: eager op-by-op and fused XLA code may round differently.
+  expected = jax.jit(lambda o: o.apply_gradient(grads))(
+    optcore.sgd(0.2, momentum=0.9).create(make_params())
+  )
+  assert_trees_equal(moved.target, expected.target)
+  assert len(traces) == 1
