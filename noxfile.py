@@ -8,7 +8,7 @@
   nox -s tests-cuda  the suite on JAX's CUDA build (needs an NVIDIA GPU)
   nox -s tests-lowest  the core on its declared minimum versions
 
-Installs come from uv.lock (``uv sync --frozen``), so every run tests the
+Installs come from uv.lock (``uv sync --locked``: a stale lock fails), so every run tests the
 versions developers test. Each variant gets its own venv holding only its
 package, that package's framework and the test tools: the core variant proves
 the core needs no framework.
@@ -45,7 +45,7 @@ def sync(session: nox.Session, package: str | None, *groups: str) -> None:
   """Installs ``package`` (every member when None) and ``groups`` from uv.lock."""
   if shutil.which("uv") is None:
     session.error("these sessions install from uv.lock and need uv: pip install 'nox[uv]'")
-  args = ["uv", "sync", "--frozen", "--no-default-groups"]
+  args = ["uv", "sync", "--locked", "--no-default-groups"]
   args += ["--package", package] if package else ["--all-packages"]
   for group in groups:
     args += ["--group", group]
