@@ -40,3 +40,12 @@ def test_state_dict_keys_are_attribute_names():
   sd = optcore.adam(1e-3).create(params).state_dict()
   assert set(sd["target"]["layers"]["0"]) >= {"weight", "bias"}
   assert sd["state"]["param_states"]["0"]["mu"]["layers"]["2"]["weight"].shape == (2, 4)
+
+
+def test_selectors_see_equinox_attribute_paths():
+  params = eqx.filter(mlp(), eqx.is_inexact_array)
+  mask = optcore.selector_mask(r"^/layers/\d+/weight$", params)
+  assert [layer.weight for layer in mask.layers] == [True, True, True]
+  assert [layer.bias for layer in mask.layers] == [False, False, False]
+  # An Equinox module of booleans is a mask too (it is callable, but a pytree).
+  assert optcore.selector_mask(mask, params) == mask

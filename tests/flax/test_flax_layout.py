@@ -65,3 +65,14 @@ def test_msgpack_round_trip_through_flax_is_bitwise():
   assert isinstance(restored.target, flax.core.FrozenDict)
   assert_same_nested(restored.state, opt.state)
   assert_same_nested(restored.target, opt.target)
+
+
+def test_traversal_on_a_frozendict_keeps_flax_paths_and_type():
+  traversal = optcore.ModelParamTraversal(lambda path, _: path == "/params/Dense_0/kernel")
+  assert [x.shape for x in traversal.iterate(params())] == [(2, 3)]
+  updated = traversal.update(lambda x: 0 * x, params())
+  assert isinstance(updated, flax.core.FrozenDict)
+  assert not updated["params"]["Dense_0"]["kernel"].any()
+  assert optcore.selector_mask(r"/bias$", params()) == flax.core.freeze(
+    {"params": {"Dense_0": {"kernel": False, "bias": True}}}
+  )

@@ -35,6 +35,9 @@ from optcore._src.optax_wrapper import wrap_optax_optimizer as wrap_optax_optimi
 from optcore._src.serialization import StateDictError as StateDictError
 from optcore._src.serialization import from_state_dict as from_state_dict
 from optcore._src.serialization import to_state_dict as to_state_dict
+from optcore._src.traversal import ModelParamTraversal as ModelParamTraversal
+from optcore._src.traversal import SelectorError as SelectorError
+from optcore._src.traversal import selector_mask as selector_mask
 from optcore.contrib import CONTRIB_OPTIMIZERS as _CONTRIB_OPTIMIZERS
 
 try:
@@ -71,15 +74,18 @@ def __getattr__(name: str):
 __all__ = [
   "OPTAX_ALIASES",
   "HyperParams",
+  "ModelParamTraversal",
   "OptaxWrapper",
   "Optimizer",
   "OptimizerDef",
   "OptimizerState",
+  "SelectorError",
   "StateDictError",
   "TreeMismatchError",
   "chain",
   "contrib",
   "from_state_dict",
+  "selector_mask",
   "to_state_dict",
   "wrap_optax_optimizer",
   *OPTAX_ALIASES,
