@@ -125,8 +125,3 @@ def test_grads_that_do_not_fit_the_params_name_the_path(grads, message):
   opt = optcore.adam(1e-3).create({"a": jnp.ones(2), "b": jnp.ones(3)})
   with pytest.raises(optcore.TreeMismatchError, match=message):
     opt.apply_gradient(grads)
-
-
-def test_focus_is_not_yet_available_and_says_what_to_use():
-  with pytest.raises(NotImplementedError, match=r"optax\.masked"):
-    optcore.sgd(0.1).create({"w": jnp.ones(2)}, focus=lambda path, value: True)

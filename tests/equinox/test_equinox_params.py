@@ -49,3 +49,22 @@ def test_selectors_see_equinox_attribute_paths():
   assert [layer.bias for layer in mask.layers] == [False, False, False]
   # An Equinox module of booleans is a mask too (it is callable, but a pytree).
   assert optcore.selector_mask(mask, params) == mask
+
+
+def test_multi_optimizer_equals_optax_partition_on_an_mlp():
+  params, static = eqx.partition(mlp(), eqx.is_inexact_array)
+  x = jnp.linspace(-1, 1, 3)
+  grad_fn = jax.jit(jax.grad(lambda p: jnp.sum(eqx.combine(p, static)(x) ** 2)))
+  labels = jax.tree_util.tree_map_with_path(
+    lambda path, _: "w" if jax.tree_util.keystr(path).endswith(".weight") else "b", params
+  )
+  # An MLP is callable, so optax.partition would call a labels module: wrap it.
+  tx = optax.partition({"w": optax.adam(1e-2), "b": optax.sgd(0.1)}, lambda _: labels)
+  multi = optcore.MultiOptimizer((r"/weight$", optcore.adam(1e-2)), (r"/bias$", optcore.sgd(0.1)))
+  opt, state, expected = multi.create(params), tx.init(params), params
+  for _ in range(5):
+    updates, state = tx.update(grad_fn(expected), state, expected)
+    expected = eqx.apply_updates(expected, updates)
+    opt = opt.apply_gradient(grad_fn(opt.target))
+  for a, b in zip(jax.tree.leaves(opt.target), jax.tree.leaves(expected), strict=True):
+    np.testing.assert_array_equal(a, b)

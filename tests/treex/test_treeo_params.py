@@ -34,3 +34,19 @@ def test_core_on_a_treeo_tree_equals_optax():
   assert isinstance(opt.target, Linear)
   np.testing.assert_array_equal(opt.target.w, expected.w)
   np.testing.assert_array_equal(opt.target.b, expected.b)
+
+
+def test_multi_optimizer_equals_optax_partition_on_a_treeo_tree():
+  params, grads = Linear(), Linear()
+  grads.w, grads.b = jnp.full((2, 3), 0.5), jnp.full(3, -1.0)
+  labels = Linear()
+  labels.w, labels.b = "w", "b"
+  tx = optax.partition({"w": optax.adam(1e-2), "b": optax.sgd(0.1)}, labels)
+  multi = optcore.MultiOptimizer((r"/w$", optcore.adam(1e-2)), (r"/b$", optcore.sgd(0.1)))
+  opt, state, expected = multi.create(params), tx.init(params), params
+  for _ in range(3):
+    updates, state = tx.update(grads, state, expected)
+    expected = optax.apply_updates(expected, updates)
+    opt = opt.apply_gradient(grads)
+  np.testing.assert_array_equal(opt.target.w, expected.w)
+  np.testing.assert_array_equal(opt.target.b, expected.b)

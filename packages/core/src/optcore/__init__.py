@@ -29,6 +29,7 @@ from optcore._src.base import OptimizerDef as OptimizerDef
 from optcore._src.base import OptimizerState as OptimizerState
 from optcore._src.base import TreeMismatchError as TreeMismatchError
 from optcore._src.hyper_params import HyperParams as HyperParams
+from optcore._src.multi_optimizer import MultiOptimizer as MultiOptimizer
 from optcore._src.optax_wrapper import OptaxWrapper as OptaxWrapper
 from optcore._src.optax_wrapper import chain as chain
 from optcore._src.optax_wrapper import wrap_optax_optimizer as wrap_optax_optimizer
@@ -75,6 +76,7 @@ __all__ = [
   "OPTAX_ALIASES",
   "HyperParams",
   "ModelParamTraversal",
+  "MultiOptimizer",
   "OptaxWrapper",
   "Optimizer",
   "OptimizerDef",

@@ -152,13 +152,16 @@ class OptimizerDef:
     return hyper_params
 
   def create(self, target: PyTree, focus: Any = None) -> Optimizer:
-    """An `Optimizer` over ``target`` with its initial state."""
+    """An `Optimizer` over ``target`` with its initial state.
+
+    With ``focus`` (any selector, see `selector_mask`) only the selected
+    leaves are optimised, as in flax.optim: the definition becomes
+    ``MultiOptimizer((focus, self))`` and the other leaves stay frozen.
+    """
     if focus is not None:
-      raise NotImplementedError(
-        "create(target, focus=...) needs MultiOptimizer, which this version of optcore does "
-        "not have yet; to optimise a subset of the parameters wrap the optax transformation "
-        "in optax.masked for now."
-      )
+      from optcore._src.multi_optimizer import MultiOptimizer  # here: it imports this module
+
+      return MultiOptimizer((focus, self)).create(target)
     return Optimizer(self, self.init_state(target), target)
 
   def state_dict(self, target: PyTree, state: OptimizerState) -> dict[str, Any]:

@@ -1,0 +1,188 @@
+"""One optimizer definition per group of parameters, for any pytree.
+
+Each sub-optimizer sees the parameters with the leaves outside its group
+replaced by None, so its state keeps the parameters' structure (None where it
+does not act) and a state dict names real paths. Leaves that no group selects
+are frozen.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from optcore._src.base import OptimizerDef, OptimizerState, PyTree
+from optcore._src.hyper_params import HyperParams
+from optcore._src.traversal import Selector, SelectorError, leaves_with_paths, selector_mask
+
+
+class MultiOptimizer(OptimizerDef):
+  """Applies a different optimizer definition to each group of parameters.
+
+  Groups are given by selectors (see `selector_mask`): a `ModelParamTraversal`,
+  a ``(path, value) -> bool`` predicate, a regex over the path, a boolean mask
+  tree or a function from params to one. Leaves no selector picks are frozen:
+  they do not move and have None state. Overlapping groups are an error. All
+  groups share the step count.
+
+  ``hyper_params`` is the list of the sub-optimizers' hyper-parameters. An
+  override by keyword (``learning_rate=0.1``) goes to every sub-optimizer that
+  has it; ``hyper_params=[...]`` replaces them per group.
+
+  Args:
+    *traversals_and_optimizers: ``(selector, OptimizerDef)`` pairs, or one
+      list of them (both spellings are in use).
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> import optcore
+    >>> params = {'kernel': jnp.ones(2), 'bias': jnp.ones(2), 'frozen': jnp.ones(2)}
+    >>> opt_def = optcore.MultiOptimizer((r'kernel', optcore.sgd(0.1)), (r'bias', optcore.sgd(1.0)))
+    >>> opt = opt_def.create(params).apply_gradient({k: jnp.ones(2) for k in params})
+    >>> {k: round(float(v[0]), 4) for k, v in opt.target.items()}
+    {'bias': 0.0, 'frozen': 1.0, 'kernel': 0.9}
+    >>> hp = opt.optimizer_def.hyper_params
+    >>> opt = opt.apply_gradient({k: jnp.ones(2) for k in params},
+    ...                          hyper_params=[hp[0], hp[1].replace(learning_rate=0.0)])
+    >>> {k: round(float(v[0]), 4) for k, v in opt.target.items()}
+    {'bias': 0.0, 'frozen': 1.0, 'kernel': 0.8}
+  """
+
+  def __init__(self, *traversals_and_optimizers: Any):
+    pairs = traversals_and_optimizers
+    if len(pairs) == 1 and isinstance(pairs[0], list):
+      pairs = tuple(pairs[0])
+    for i, pair in enumerate(pairs):
+      if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[1], OptimizerDef)):
+        raise TypeError(
+          f"MultiOptimizer takes (selector, OptimizerDef) pairs; argument {i} is {pair!r}. "
+          "Write MultiOptimizer((selector_a, optcore.adam(1e-3)), (selector_b, optcore.sgd(0.1)))."
+        )
+    if not pairs:
+      raise TypeError("MultiOptimizer needs at least one (selector, OptimizerDef) pair")
+    self.traversals = tuple(selector for selector, _ in pairs)
+    self.sub_optimizers = tuple(opt for _, opt in pairs)
+    super().__init__(HyperParams())
+    self.hyper_params = [opt.hyper_params for opt in self.sub_optimizers]
+
+  def masks(self, params: PyTree, *, check: bool = False) -> list[PyTree]:
+    """The boolean mask of each group.
+
+    With ``check``, overlapping groups raise `SelectorError` listing the
+    paths, and a group that selects nothing warns.
+    """
+    masks = [selector_mask(selector, params) for selector in self.traversals]
+    if check:
+      self._check_groups(masks, params)
+    return masks
+
+  def _check_groups(self, masks: list[PyTree], params: PyTree) -> None:
+    flat = [jax.tree.leaves(m) for m in masks]
+    leaf_paths = [path for path, _ in leaves_with_paths(params)[0]]
+    taken: dict[str, int] = {}
+    overlaps = []
+    for i, picks in enumerate(flat):
+      if not any(picks):
+        warnings.warn(
+          f"MultiOptimizer: selector {i} ({self.traversals[i]!r}) matches no parameter; its "
+          f"optimizer {self.sub_optimizers[i]!r} will do nothing.",
+          stacklevel=4,
+        )
+      for path, picked in zip(leaf_paths, picks, strict=True):
+        if picked and path in taken:
+          overlaps.append(f"{path} (selectors {taken[path]} and {i})")
+        elif picked:
+          taken[path] = i
+    if overlaps:
+      raise SelectorError(
+        f"MultiOptimizer: selectors overlap at {overlaps[:10]}"
+        + (f" and {len(overlaps) - 10} more" if len(overlaps) > 10 else "")
+        + ". Each parameter may belong to one group only; narrow the selectors."
+      )
+
+  def init_state(self, params: PyTree) -> OptimizerState:
+    states = tuple(
+      opt.init_state(_masked(params, mask)).param_states
+      for opt, mask in zip(self.sub_optimizers, self.masks(params, check=True), strict=True)
+    )
+    return OptimizerState(jnp.asarray(0, dtype=jnp.int32), states)
+
+  def apply_gradient(
+    self,
+    hyper_params: Sequence[HyperParams],
+    params: PyTree,
+    state: OptimizerState,
+    grads: PyTree,
+    **extra_args: Any,
+  ) -> tuple[PyTree, OptimizerState]:
+    new_params = params
+    new_states = []
+    for opt, hp, mask, sub_state in zip(
+      self.sub_optimizers, hyper_params, self.masks(params), state.param_states, strict=True
+    ):
+      sub_params, sub_state = opt.apply_gradient(
+        hp,
+        _masked(params, mask),
+        OptimizerState(state.step, sub_state),
+        _masked(grads, mask),
+        **extra_args,
+      )
+      new_params = _merge(new_params, sub_params, mask)
+      new_states.append(sub_state.param_states)
+    return new_params, OptimizerState(state.step + 1, tuple(new_states))
+
+  def update_hyper_params(self, **hyper_param_overrides: Any) -> list[HyperParams]:
+    """``hyper_params=[...]`` replaces all; a keyword goes to each group that has it."""
+    hyper_params = list(hyper_param_overrides.pop("hyper_params", self.hyper_params))
+    if len(hyper_params) != len(self.sub_optimizers):
+      raise TypeError(
+        f"hyper_params= needs one entry per group ({len(self.sub_optimizers)}), "
+        f"got {len(hyper_params)}"
+      )
+    unknown = [k for k in hyper_param_overrides if not any(k in hp for hp in hyper_params)]
+    if unknown:
+      valid = sorted({name for hp in hyper_params for name in hp})
+      raise TypeError(
+        f"MultiOptimizer: no sub-optimizer has the hyper-parameter(s) {unknown}; the valid "
+        f"names are: {', '.join(valid)}"
+      )
+    return [
+      opt.update_hyper_params(
+        hyper_params=hp, **{k: v for k, v in hyper_param_overrides.items() if k in hp}
+      )
+      for opt, hp in zip(self.sub_optimizers, hyper_params, strict=True)
+    ]
+
+  def _static_key(self) -> tuple:
+    return (type(self), tuple(map(_selector_key, self.traversals)), self.sub_optimizers)
+
+  def __repr__(self) -> str:
+    pairs = ", ".join(
+      f"({s!r}, {o!r})" for s, o in zip(self.traversals, self.sub_optimizers, strict=True)
+    )
+    return f"MultiOptimizer({pairs})"
+
+
+def _masked(tree: PyTree, mask: PyTree) -> PyTree:
+  """``tree`` with the leaves outside ``mask`` replaced by None."""
+  return jax.tree.map(lambda x, keep: x if keep else None, tree, mask)
+
+
+def _merge(params: PyTree, updated: PyTree, mask: PyTree) -> PyTree:
+  """``params`` with the leaves inside ``mask`` taken from ``updated``."""
+  leaves, treedef = jax.tree.flatten(params)
+  keep = jax.tree.leaves(mask)
+  new = iter(jax.tree.leaves(updated))
+  return treedef.unflatten([next(new) if k else p for p, k in zip(leaves, keep, strict=True)])
+
+
+def _selector_key(selector: Selector) -> Any:
+  """Mask trees compare by value; other selectors as themselves (functions by identity)."""
+  leaves, treedef = jax.tree.flatten(selector)
+  if jax.tree_util.treedef_is_leaf(treedef):
+    return selector
+  return (treedef, tuple(bool(x) for x in leaves))

@@ -1,0 +1,196 @@
+"""MultiOptimizer: groups by selector, frozen rest, flax.optim's override rules."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from optimizer_catalogue import loss_fn, make_params
+
+import optcore
+
+
+def assert_trees_equal(a, b):
+  assert jax.tree.structure(a) == jax.tree.structure(b)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def kernel_label(params):
+  return jax.tree_util.tree_map_with_path(
+    lambda path, _: "kernel" if "kernel" in jax.tree_util.keystr(path) else "rest", params
+  )
+
+
+def test_equals_optax_partition_bitwise():
+  params = make_params()
+  multi = optcore.MultiOptimizer(
+    (r"/kernel$", optcore.adamw(1e-2, weight_decay=0.1)),
+    (lambda path, _: not path.endswith("/kernel"), optcore.sgd(0.05, momentum=0.9)),
+  )
+  tx = optax.partition(
+    {"kernel": optax.adamw(1e-2, weight_decay=0.1), "rest": optax.sgd(0.05, momentum=0.9)},
+    kernel_label(params),
+  )
+  opt = multi.create(params)
+  state, expected = tx.init(params), params
+  step_ours = jax.jit(lambda o: o.apply_gradient(jax.grad(loss_fn)(o.target)))
+
+  @jax.jit
+  def step_raw(p, s):
+    updates, s = tx.update(jax.grad(loss_fn)(p), s, p)
+    return optax.apply_updates(p, updates), s
+
+  for _ in range(5):
+    opt = step_ours(opt)
+    expected, state = step_raw(expected, state)
+  assert_trees_equal(opt.target, expected)
+
+
+def test_unselected_leaves_are_frozen_with_none_state():
+  params = make_params()
+  opt = optcore.MultiOptimizer((r"/dense/kernel$", optcore.adam(0.1))).create(params)
+  mu = opt.state.param_states[0][0].mu
+  assert mu["dense"]["bias"] is None and mu["scale"] is None
+  assert mu["dense"]["kernel"].shape == (4, 3)
+  moved = opt.apply_gradient(jax.grad(loss_fn)(params))
+  np.testing.assert_array_equal(moved.target["scale"], params["scale"])
+  np.testing.assert_array_equal(moved.target["dense"]["bias"], params["dense"]["bias"])
+  assert not np.array_equal(moved.target["dense"]["kernel"], params["dense"]["kernel"])
+
+
+def test_focus_optimises_only_the_focus():
+  params = make_params()
+  opt = optcore.sgd(0.1).create(params, focus=optcore.ModelParamTraversal(lambda p, _: "bias" in p))
+  assert isinstance(opt.optimizer_def, optcore.MultiOptimizer)
+  assert len(opt.optimizer_def.hyper_params) == 1
+  moved = opt.apply_gradient(jax.grad(loss_fn)(params))
+  np.testing.assert_array_equal(moved.target["dense"]["kernel"], params["dense"]["kernel"])
+  assert not np.array_equal(moved.target["dense"]["bias"], params["dense"]["bias"])
+
+
+def test_both_spellings_and_nesting():
+  params = make_params()
+  inner = optcore.MultiOptimizer((r"kernel", optcore.sgd(0.1)), (r"bias", optcore.sgd(0.2)))
+  a = optcore.MultiOptimizer([(r"/dense/", inner), (r"/scale", optcore.sgd(0.3))])
+  b = optcore.MultiOptimizer(
+    (r"/dense/kernel", optcore.sgd(0.1)),
+    (r"/dense/bias", optcore.sgd(0.2)),
+    (r"/scale", optcore.sgd(0.3)),
+  )
+  grads = jax.grad(loss_fn)(params)
+  assert_trees_equal(
+    a.create(params).apply_gradient(grads).target, b.create(params).apply_gradient(grads).target
+  )
+
+
+def test_overlapping_selectors_name_the_paths():
+  multi = optcore.MultiOptimizer((r"dense", optcore.sgd(0.1)), (r"kernel", optcore.sgd(0.2)))
+  with pytest.raises(
+    optcore.SelectorError, match=r"overlap at \['/dense/kernel \(selectors 0 and 1\)'\]"
+  ):
+    multi.create(make_params())
+
+
+def test_a_selector_that_matches_nothing_warns():
+  multi = optcore.MultiOptimizer((r"dense", optcore.sgd(0.1)), (r"nothing_here", optcore.sgd(0.2)))
+  with pytest.warns(UserWarning, match=r"selector 1 \('nothing_here'\) matches no parameter"):
+    multi.create(make_params())
+
+
+def test_keyword_overrides_go_to_groups_that_have_them():
+  params = make_params()
+  grads = jax.grad(loss_fn)(params)
+  multi = optcore.MultiOptimizer((r"kernel", optcore.sgd(0.1)), (r"bias|scale", optcore.adam(0.1)))
+  opt = multi.create(params)
+  frozen = opt.apply_gradient(grads, learning_rate=0.0)
+  assert_trees_equal(frozen.target, params)
+  # b1 only exists in adam: sgd is left alone, adam takes it.
+  hp = opt.optimizer_def.update_hyper_params(b1=0.5)
+  assert hp[0] == multi.sub_optimizers[0].hyper_params and hp[1].b1 == 0.5
+  with pytest.raises(TypeError, match=r"no sub-optimizer has the hyper-parameter\(s\) \['lr'\]"):
+    opt.apply_gradient(grads, lr=0.1)
+
+
+def test_hyper_params_list_freezes_one_group():
+  params = make_params()
+  grads = jax.grad(loss_fn)(params)
+  opt = optcore.MultiOptimizer(
+    (r"kernel", optcore.sgd(0.1)), (r"bias|scale", optcore.sgd(0.1))
+  ).create(params)
+  hp = opt.optimizer_def.hyper_params
+  step = jax.jit(lambda o, h: o.apply_gradient(grads, hyper_params=h))
+  moved = step(opt, [hp[0], hp[1].replace(learning_rate=jnp.float32(0.0))])
+  np.testing.assert_array_equal(moved.target["scale"], params["scale"])
+  assert not np.array_equal(moved.target["dense"]["kernel"], params["dense"]["kernel"])
+  with pytest.raises(TypeError, match=r"one entry per group \(2\), got 1"):
+    opt.apply_gradient(grads, hyper_params=[hp[0]])
+
+
+def test_state_dict_round_trip_and_a_different_grouping_fails_cleanly():
+  params = make_params()
+  grads = jax.grad(loss_fn)(params)
+  multi = optcore.MultiOptimizer(
+    (r"kernel", optcore.adam(0.1)), (r"bias|scale", optcore.sgd(0.1, momentum=0.9))
+  )
+  trained = multi.create(params).apply_gradient(grads).apply_gradient(grads)
+  restored = multi.create(params).restore_state(trained.state_dict())
+  assert_trees_equal(restored.state, trained.state)
+  assert_trees_equal(restored.target, trained.target)
+  other = optcore.MultiOptimizer(
+    (r"kernel|bias", optcore.adam(0.1)), (r"scale", optcore.sgd(0.1, momentum=0.9))
+  )
+  fresh = other.create(params)
+  before = jax.tree.map(np.asarray, fresh.state_dict())
+  with pytest.raises(
+    optcore.StateDictError, match=r"at 'state/param_states/0/0/mu/dense/bias': expected"
+  ):
+    fresh.restore_state(trained.state_dict())
+  assert_trees_equal(jax.tree.map(np.asarray, fresh.state_dict()), before)
+
+
+def test_per_parameter_definitions_work_as_sub_optimizers():
+  class Sign(optcore.OptimizerDef):
+    def __init__(self, learning_rate=0.1):
+      super().__init__(optcore.HyperParams(learning_rate=learning_rate))
+
+    def init_param_state(self, param):
+      return ()
+
+    def apply_param_gradient(self, step, hyper_params, param, state, grad):
+      return param - hyper_params.learning_rate * jnp.sign(grad), state
+
+  params = make_params()
+  grads = jax.grad(loss_fn)(params)
+  opt = optcore.MultiOptimizer((r"kernel", Sign(0.5)), (r"bias", optcore.sgd(0.1))).create(params)
+  opt = opt.apply_gradient(grads, learning_rate=0.25)
+  np.testing.assert_allclose(
+    opt.target["dense"]["kernel"],
+    params["dense"]["kernel"] - 0.25 * jnp.sign(grads["dense"]["kernel"]),
+  )
+  assert opt.state.param_states[0]["scale"] is None
+
+
+def test_equal_definitions_with_string_selectors_do_not_retrace():
+  traces = []
+
+  @jax.jit
+  def step(opt, grads):
+    traces.append(1)
+    return opt.apply_gradient(grads)
+
+  params = make_params()
+  grads = jax.grad(loss_fn)(params)
+  for _ in range(3):
+    multi = optcore.MultiOptimizer(
+      (r"kernel", optcore.adam(1e-3)), (r"bias|scale", optcore.sgd(0.1))
+    )
+    step(multi.create(params), grads)
+  assert len(traces) == 1
+
+
+def test_bad_pairs_are_a_type_error():
+  with pytest.raises(TypeError, match=r"takes \(selector, OptimizerDef\) pairs; argument 0 is"):
+    optcore.MultiOptimizer((r"kernel", optax.adam(1e-3)))
