@@ -194,3 +194,75 @@ def test_equal_definitions_with_string_selectors_do_not_retrace():
 def test_bad_pairs_are_a_type_error():
   with pytest.raises(TypeError, match=r"takes \(selector, OptimizerDef\) pairs; argument 0 is"):
     optcore.MultiOptimizer((r"kernel", optax.adam(1e-3)))
+
+
+def optax_loop(tx, params, steps):
+  @jax.jit
+  def step(p, s):
+    updates, s = tx.update(jax.grad(loss_fn)(p), s, p)
+    return optax.apply_updates(p, updates), s
+
+  state = tx.init(params)
+  for _ in range(steps):
+    params, state = step(params, state)
+  return params
+
+
+def two_groups():
+  return optcore.MultiOptimizer(
+    (r"/kernel$", optcore.adamw(1e-2, weight_decay=0.1)), (r"/bias$", optcore.lion(1e-3))
+  )
+
+
+def test_as_optax_equals_optax_partition_and_apply_gradient_bitwise():
+  params = make_params()
+
+  def label(path, _):
+    name = jax.tree_util.keystr(path)
+    return "k" if name.endswith("['kernel']") else "b" if name.endswith("['bias']") else "f"
+
+  labels = jax.tree_util.tree_map_with_path(label, params)
+  reference = optax.partition(
+    {"k": optax.adamw(1e-2, weight_decay=0.1), "b": optax.lion(1e-3), "f": optax.set_to_zero()},
+    labels,
+  )
+  ours = optax_loop(two_groups().as_optax(), params, 5)
+  assert_trees_equal(ours, optax_loop(reference, params, 5))
+  opt = two_groups().create(params)
+  step = jax.jit(lambda o: o.apply_gradient(jax.grad(loss_fn)(o.target)))
+  for _ in range(5):
+    opt = step(opt)
+  assert_trees_equal(ours, opt.target)
+
+
+def test_as_optax_of_a_wrapped_optimizer_is_the_optax_transformation():
+  tx = optax.adam(1e-3)
+  assert optcore.OptaxWrapper(tx).as_optax() is tx
+  assert_trees_equal(
+    optax_loop(optcore.adam(1e-3).as_optax(), make_params(), 3),
+    optax_loop(optax.adam(1e-3), make_params(), 3),
+  )
+
+
+def test_as_optax_of_a_per_parameter_definition():
+  class Momentum(optcore.OptimizerDef):
+    def __init__(self, learning_rate=0.1, beta=0.9):
+      super().__init__(optcore.HyperParams(learning_rate=learning_rate, beta=beta))
+
+    def init_param_state(self, param):
+      return jnp.zeros_like(param)
+
+    def apply_param_gradient(self, step, hyper_params, param, state, grad):
+      momentum = hyper_params.beta * state + grad
+      return param - hyper_params.learning_rate * momentum, momentum
+
+  params = make_params()
+  via_optax = optax_loop(Momentum().as_optax(), params, 4)
+  opt = Momentum().create(params)
+  for _ in range(4):
+    opt = opt.apply_gradient(jax.grad(loss_fn)(opt.target))
+  for a, b in zip(jax.tree.leaves(via_optax), jax.tree.leaves(opt.target), strict=True):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)  # p + (new - p) rounds
+  tx = Momentum().as_optax()
+  with pytest.raises(ValueError, match=r"needs them: call tx.update\(grads, state, params\)"):
+    tx.update(params, tx.init(params))

@@ -76,3 +76,53 @@ def test_traversal_on_a_frozendict_keeps_flax_paths_and_type():
   assert optcore.selector_mask(r"/bias$", params()) == flax.core.freeze(
     {"params": {"Dense_0": {"kernel": False, "bias": True}}}
   )
+
+
+def _two_groups():
+  # Unanchored: nnx passes Variables, whose paths end in /kernel/value.
+  return optcore.MultiOptimizer((r"/kernel", optcore.adam(1e-2)), (r"/bias", optcore.sgd(0.1)))
+
+
+def _partition(_=None):
+  # Labels from whatever tree arrives: nnx gives Variables at init, arrays at update.
+  labels = lambda params: jax.tree_util.tree_map_with_path(
+    lambda path, _: "k" if "kernel" in jax.tree_util.keystr(path) else "b", params
+  )
+  return optax.partition({"k": optax.adam(1e-2), "b": optax.sgd(0.1)}, labels)
+
+
+def test_as_optax_in_a_linen_train_state_equals_optax_partition():
+  from flax import linen as nn
+  from flax.training import train_state
+
+  model = nn.Dense(3)
+  x = jnp.linspace(-1.0, 1.0, 8).reshape(4, 2)
+  variables = model.init(jax.random.key(0), x)
+  loss = lambda p: jnp.sum(model.apply(p, x) ** 2)
+
+  def train(tx):
+    state = train_state.TrainState.create(apply_fn=model.apply, params=variables, tx=tx)
+    for _ in range(4):
+      state = state.apply_gradients(grads=jax.grad(loss)(state.params))
+    return state.params
+
+  ours, reference = train(_two_groups().as_optax()), train(_partition(variables))
+  assert_same_nested(ours, reference)
+
+
+def test_as_optax_in_an_nnx_optimizer_equals_optax_partition():
+  from flax import nnx
+
+  x = jnp.linspace(-1.0, 1.0, 8).reshape(4, 2)
+
+  def train(make_tx):
+    model = nnx.Linear(2, 3, rngs=nnx.Rngs(0))
+    optimizer = nnx.Optimizer(model, make_tx(), wrt=nnx.Param)
+    for _ in range(4):
+      grads = nnx.grad(lambda m: jnp.sum(m(x) ** 2))(model)
+      optimizer.update(model, grads)
+    return nnx.state(model, nnx.Param)
+
+  ours = train(lambda: _two_groups().as_optax())
+  reference = train(_partition)
+  assert_same_nested(jax.tree.leaves(ours), jax.tree.leaves(reference))

@@ -15,6 +15,7 @@ from typing import Any, Generic, TypeVar
 
 import jax
 import jax.numpy as jnp
+import optax
 
 from optcore._src import paths, serialization
 from optcore._src.hyper_params import HyperParams
@@ -163,6 +164,48 @@ class OptimizerDef:
 
       return MultiOptimizer((focus, self)).create(target)
     return Optimizer(self, self.init_state(target), target)
+
+  def as_optax(self) -> optax.GradientTransformationExtraArgs:
+    """This definition as an optax transformation, for `flax.training.train_state.TrainState`,
+    `flax.nnx.Optimizer` or a plain optax loop.
+
+    Its state is the `OptimizerState`; its updates are ``new_params - params``,
+    so ``optax.apply_updates`` lands on the new parameters up to float rounding
+    (definitions that wrap optax export their own transformation and are exact).
+    Extra update arguments are ignored, as optax transformations that need
+    none ignore them.
+
+    Example:
+      >>> import jax.numpy as jnp, optax
+      >>> import optcore
+      >>> class Halve(optcore.OptimizerDef):
+      ...   def __init__(self):
+      ...     super().__init__(optcore.HyperParams())
+      ...   def init_param_state(self, param):
+      ...     return ()
+      ...   def apply_param_gradient(self, step, hyper_params, param, state, grad):
+      ...     return param / 2, state
+      >>> tx = Halve().as_optax()
+      >>> params = {'w': jnp.array([4.0])}
+      >>> updates, state = tx.update(params, tx.init(params), params)
+      >>> optax.apply_updates(params, updates)['w'], int(state.step)
+      (Array([2.], dtype=float32), 1)
+    """
+
+    def init_fn(params: PyTree) -> OptimizerState:
+      return self.init_state(params)
+
+    def update_fn(updates: PyTree, state: OptimizerState, params: PyTree = None, **extra_args):
+      del extra_args
+      if params is None:
+        raise ValueError(
+          f"{self!r}.as_optax() computes new parameters, so it needs them: call "
+          "tx.update(grads, state, params)."
+        )
+      new_params, new_state = self.apply_gradient(self.hyper_params, params, state, updates)
+      return jax.tree.map(lambda new, old: new - old, new_params, params), new_state
+
+    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
   def state_dict(self, target: PyTree, state: OptimizerState) -> dict[str, Any]:
     """``{'target': ..., 'state': {'step': ..., 'param_states': ...}}``, Flax's layout."""

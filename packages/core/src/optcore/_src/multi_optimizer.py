@@ -14,6 +14,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import optax
 
 from optcore._src.base import OptimizerDef, OptimizerState, PyTree
 from optcore._src.hyper_params import HyperParams
@@ -134,6 +135,30 @@ class MultiOptimizer(OptimizerDef):
       new_params = _merge(new_params, sub_params, mask)
       new_states.append(sub_state.param_states)
     return new_params, OptimizerState(state.step + 1, tuple(new_states))
+
+  def as_optax(self) -> optax.GradientTransformationExtraArgs:
+    """The groups as one optax transformation: each group's own transformation
+    on its leaves (exact for wrapped optax), zero updates for frozen leaves."""
+    subs = [opt.as_optax() for opt in self.sub_optimizers]
+
+    def init_fn(params: PyTree) -> tuple:
+      masks = self.masks(params, check=True)
+      return tuple(tx.init(_masked(params, m)) for tx, m in zip(subs, masks, strict=True))
+
+    def update_fn(updates: PyTree, state: tuple, params: PyTree = None, **extra_args):
+      masks = self.masks(updates if params is None else params)
+      out = jax.tree.map(jnp.zeros_like, updates)
+      new_states = []
+      for tx, mask, sub_state in zip(subs, masks, state, strict=True):
+        sub_params = None if params is None else _masked(params, mask)
+        sub_updates, sub_state = optax.with_extra_args_support(tx).update(
+          _masked(updates, mask), sub_state, sub_params, **extra_args
+        )
+        out = _merge(out, sub_updates, mask)
+        new_states.append(sub_state)
+      return out, tuple(new_states)
+
+    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
   def update_hyper_params(self, **hyper_param_overrides: Any) -> list[HyperParams]:
     """``hyper_params=[...]`` replaces all; a keyword goes to each group that has it."""

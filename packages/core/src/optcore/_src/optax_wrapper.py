@@ -126,6 +126,10 @@ class OptaxWrapper(OptimizerDef):
       )
     return super().update_hyper_params(**hyper_param_overrides)
 
+  def as_optax(self) -> Any:
+    """The wrapped optax transformation itself: exact, with optax's own state."""
+    return self.optax_optimizer
+
   def state_dict(self, target: PyTree, state: OptimizerState) -> dict[str, Any]:
     """Flax's layout with optax's empty states dropped, as T5X writes it."""
     out = super().state_dict(target, state)
