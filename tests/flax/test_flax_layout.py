@@ -79,8 +79,8 @@ def test_traversal_on_a_frozendict_keeps_flax_paths_and_type():
 
 
 def _two_groups():
-  # Unanchored: nnx passes Variables, whose paths end in /kernel/value.
-  return optcore.MultiOptimizer((r"/kernel", optcore.adam(1e-2)), (r"/bias", optcore.sgd(0.1)))
+  # Anchored: with optcore_flax imported, an nnx Param reads /kernel, not /kernel/value.
+  return optcore.MultiOptimizer((r"/kernel$", optcore.adam(1e-2)), (r"/bias$", optcore.sgd(0.1)))
 
 
 def _partition(_=None):
@@ -126,3 +126,19 @@ def test_as_optax_in_an_nnx_optimizer_equals_optax_partition():
   ours = train(lambda: _two_groups().as_optax())
   reference = train(_partition)
   assert_same_nested(jax.tree.leaves(ours), jax.tree.leaves(reference))
+
+
+def test_nnx_variables_read_like_plain_arrays():
+  from flax import nnx
+
+  state = nnx.state(nnx.Linear(2, 3, rngs=nnx.Rngs(0)), nnx.Param)
+  seen = []
+  optcore.ModelParamTraversal(lambda path, _: seen.append(path) or True).mask(state)
+  assert seen == ["/bias", "/kernel"]
+  sd = optcore.to_state_dict(state)
+  assert set(sd) == {"bias", "kernel"} and sd["kernel"].shape == (2, 3)
+  restored = optcore.from_state_dict(
+    state, {"bias": np.ones(3, np.float32), "kernel": sd["kernel"]}
+  )
+  assert isinstance(restored["bias"], nnx.Param)
+  np.testing.assert_array_equal(restored["bias"][...], np.ones(3))

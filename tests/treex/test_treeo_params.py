@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -42,7 +43,7 @@ def test_multi_optimizer_equals_optax_partition_on_a_treeo_tree():
   labels = Linear()
   labels.w, labels.b = "w", "b"
   tx = optax.partition({"w": optax.adam(1e-2), "b": optax.sgd(0.1)}, labels)
-  multi = optcore.MultiOptimizer((r"/w$", optcore.adam(1e-2)), (r"/b$", optcore.sgd(0.1)))
+  multi = optcore.MultiOptimizer((r"^/w$", optcore.adam(1e-2)), (r"^/b$", optcore.sgd(0.1)))
   opt, state, expected = multi.create(params), tx.init(params), params
   for _ in range(3):
     updates, state = tx.update(grads, state, expected)
@@ -50,3 +51,16 @@ def test_multi_optimizer_equals_optax_partition_on_a_treeo_tree():
     opt = opt.apply_gradient(grads)
   np.testing.assert_array_equal(opt.target.w, expected.w)
   np.testing.assert_array_equal(opt.target.b, expected.b)
+
+
+def test_treeo_paths_and_state_dicts_have_no_internal_level():
+  # treeo flattens a Tree into one dict child; optcore_treex hides that level.
+  seen = []
+  optcore.ModelParamTraversal(lambda path, _: seen.append(path) or True).mask(Linear())
+  assert seen == ["/b", "/w"]
+  tree_sd = optcore.sgd(0.1, momentum=0.9).create(Linear()).state_dict()
+  dict_sd = optcore.sgd(0.1, momentum=0.9).create({"b": Linear().b, "w": Linear().w}).state_dict()
+  assert jax.tree.structure(tree_sd) == jax.tree.structure(dict_sd)
+  restored = optcore.sgd(0.1, momentum=0.9).create(Linear()).restore_state(dict_sd)
+  assert isinstance(restored.target, Linear)
+  np.testing.assert_array_equal(restored.target.w, Linear().w)

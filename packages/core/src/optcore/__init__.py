@@ -33,6 +33,7 @@ from optcore._src.multi_optimizer import MultiOptimizer as MultiOptimizer
 from optcore._src.optax_wrapper import OptaxWrapper as OptaxWrapper
 from optcore._src.optax_wrapper import chain as chain
 from optcore._src.optax_wrapper import wrap_optax_optimizer as wrap_optax_optimizer
+from optcore._src.paths import register_hidden_level as register_hidden_level
 from optcore._src.serialization import StateDictError as StateDictError
 from optcore._src.serialization import from_state_dict as from_state_dict
 from optcore._src.serialization import to_state_dict as to_state_dict
@@ -87,6 +88,7 @@ __all__ = [
   "chain",
   "contrib",
   "from_state_dict",
+  "register_hidden_level",
   "selector_mask",
   "to_state_dict",
   "wrap_optax_optimizer",

@@ -1,7 +1,9 @@
 """optcore for Flax.
 
-This release holds the package and its dependencies only; the flax.optim and
-T5X optimizer surfaces come in a later release. Use the core directly today:
+Importing it makes optcore's paths canonical for nnx: a Variable's ``.value``
+level is left out, so ``{'kernel': Param(...)}`` reads ``/kernel`` in
+selectors and state dicts, as a Linen param does. The flax.optim and T5X
+optimizer surfaces come in a later release. Use the core directly today:
 
   >>> import jax.numpy as jnp
   >>> import optcore, optcore_flax
@@ -12,9 +14,11 @@ T5X optimizer surfaces come in a later release. Use the core directly today:
 
 from importlib.metadata import version as _version
 
-import flax as _flax  # noqa: F401  (the framework this adapter serves)
+from flax import nnx as _nnx
 
-import optcore as _optcore  # noqa: F401
+import optcore as _optcore
+
+_optcore.register_hidden_level(_nnx.Variable)
 
 __version__ = _version("optcore-flax")
 __all__: list[str] = []

@@ -1,7 +1,8 @@
 """optcore for Treex code, on treeo.
 
-This release holds the package and its dependencies only; Treex's
-``Optimizer`` comes in a later release.
+Importing it makes optcore's paths canonical for treeo: a Tree's internal
+flattened-index level is left out, so a field ``w`` reads ``/w`` in selectors
+and state dicts. Treex's ``Optimizer`` comes in a later release.
 
   >>> import optcore, optcore_treex
   >>> optcore_treex.__version__ == optcore.__version__
@@ -10,9 +11,11 @@ This release holds the package and its dependencies only; Treex's
 
 from importlib.metadata import version as _version
 
-import treeo as _treeo  # noqa: F401  (the framework this adapter serves)
+import treeo as _treeo
 
-import optcore as _optcore  # noqa: F401
+import optcore as _optcore
+
+_optcore.register_hidden_level(_treeo.Tree)
 
 __version__ = _version("optcore-treex")
 __all__: list[str] = []

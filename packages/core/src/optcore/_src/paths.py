@@ -3,6 +3,11 @@
 A dict key, a NamedTuple field, an Equinox attribute and a treeo field all
 print as ``name``; a sequence index prints as its number. A path is the
 '/'-joined list of those names, with a leading slash as in Flax.
+
+Framework-internal levels are not part of a path: a node type registered with
+`register_hidden_level` (an nnx Variable's ``.value``, a treeo Tree's
+flattened-index level) passes its single child through without a name. The
+adapters register their framework's types; the core imports none.
 """
 
 from __future__ import annotations
@@ -46,3 +51,74 @@ def children_with_keys(node: Any) -> tuple[list[tuple[KeyEntry, Any]], Any] | No
     return None
   keyed, _ = jax.tree_util.tree_flatten_with_path(node, is_leaf=is_child)
   return [(path[0], child) for path, child in keyed], treedef
+
+
+_HIDDEN_LEVELS: tuple[type, ...] = ()
+
+
+def register_hidden_level(node_type: type) -> None:
+  """Leaves the key level of ``node_type`` (and subclasses) out of every path.
+
+  For wrapper nodes with exactly one child, such as ``flax.nnx.Variable``
+  (whose child is ``.value``): with it registered, a Param at
+  ``{'kernel': Param(...)}`` has the path ``'/kernel'``, as a plain array
+  would, and state dicts carry no ``value`` level.
+
+  Example:
+    >>> import dataclasses, jax, jax.numpy as jnp
+    >>> import optcore
+    >>> @jax.tree_util.register_dataclass
+    ... @dataclasses.dataclass
+    ... class Boxed:
+    ...   value: jax.Array
+    >>> optcore.to_state_dict({'w': Boxed(jnp.zeros(()))})
+    {'w': {'value': Array(0., dtype=float32)}}
+    >>> optcore.register_hidden_level(Boxed)
+    >>> optcore.to_state_dict({'w': Boxed(jnp.zeros(()))})
+    {'w': Array(0., dtype=float32)}
+  """
+  global _HIDDEN_LEVELS
+  if not isinstance(node_type, type):
+    raise TypeError(f"register_hidden_level takes a type, got {node_type!r}")
+  if node_type not in _HIDDEN_LEVELS:
+    _HIDDEN_LEVELS = (*_HIDDEN_LEVELS, node_type)
+
+
+def hidden_child(node: Any) -> tuple[Any, Any] | None:
+  """``(child, treedef)`` for a node of a hidden type, else None."""
+  if not _HIDDEN_LEVELS or not isinstance(node, _HIDDEN_LEVELS):
+    return None
+  split = children_with_keys(node)
+  if split is None:
+    return None
+  children, treedef = split
+  if len(children) != 1:
+    raise TypeError(
+      f"{type(node).__name__} is registered as a hidden path level but has {len(children)} "
+      "children; only single-child wrapper nodes can be hidden."
+    )
+  return children[0][1], treedef
+
+
+def leaves_with_names(tree: Any) -> tuple[list[tuple[tuple[str, ...], Any]], Any]:
+  """``([(names, leaf), ...], treedef)`` in flatten order, hidden levels left out."""
+  keyed, treedef = jax.tree_util.tree_flatten_with_path(tree)
+  if not _HIDDEN_LEVELS:
+    return [(tuple(map(key_name, keys)), leaf) for keys, leaf in keyed], treedef
+  out: list[tuple[tuple[str, ...], Any]] = []
+  _walk(tree, (), out)
+  return out, treedef
+
+
+def _walk(node: Any, names: tuple[str, ...], out: list) -> None:
+  hidden = hidden_child(node)
+  if hidden is not None:
+    _walk(hidden[0], names, out)
+    return
+  split = children_with_keys(node)
+  if split is None:
+    out.append((names, node))
+    return
+  for key, child in split[0]:
+    if child is not None:  # None is an empty subtree, as in jax's flatten
+      _walk(child, (*names, key_name(key)), out)

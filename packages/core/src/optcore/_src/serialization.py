@@ -36,6 +36,9 @@ def to_state_dict(tree: Any) -> Any:
   """
   if tree is None:
     return None
+  hidden = paths.hidden_child(tree)
+  if hidden is not None:
+    return to_state_dict(hidden[0])
   split = paths.children_with_keys(tree)
   if split is None:
     return tree
@@ -81,6 +84,10 @@ def _restore(ref: Any, value: Any, path: str) -> Any:
     if value is not None:
       raise StateDictError(f"at {path!r}: expected None, found {_describe(value)}.")
     return None
+  hidden = paths.hidden_child(ref)
+  if hidden is not None:
+    child, treedef = hidden
+    return treedef.unflatten([_restore(child, value, path)])
   split = paths.children_with_keys(ref)
   if split is None:
     return _restore_leaf(ref, value, path)

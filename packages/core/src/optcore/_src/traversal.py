@@ -37,8 +37,8 @@ SelectorError.__module__ = "optcore"
 
 def leaves_with_paths(tree: PyTree) -> tuple[list[tuple[str, Any]], Any]:
   """``([(path, leaf), ...], treedef)`` in flatten order; paths like ``'/a/0/b'``."""
-  keyed, treedef = jax.tree_util.tree_flatten_with_path(tree)
-  return [(paths.path_str(keys), leaf) for keys, leaf in keyed], treedef
+  named, treedef = paths.leaves_with_names(tree)
+  return [("/" + "/".join(names), leaf) for names, leaf in named], treedef
 
 
 class ModelParamTraversal:
