@@ -8,14 +8,9 @@ import numpy as np
 import optax
 import pytest
 from optimizer_catalogue import loss_fn, make_params
+from tree_testing import assert_trees_equal
 
 import optcore
-
-
-def assert_trees_equal(a, b):
-  assert jax.tree.structure(a) == jax.tree.structure(b)
-  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
 def kernel_label(params):

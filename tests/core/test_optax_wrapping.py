@@ -13,20 +13,11 @@ import optax
 import optax.contrib
 import pytest
 from optimizer_catalogue import CASES, Case, grads_and_extra, loss_fn, make_params
+from tree_testing import assert_trees_equal
 
 import optcore
 
 STEPS = 5
-
-
-def assert_trees_equal(actual, expected):
-  """Same structure, and every leaf bitwise equal (dtype included)."""
-  assert jax.tree.structure(actual) == jax.tree.structure(expected)
-  for a, e in zip(jax.tree.leaves(actual), jax.tree.leaves(expected), strict=True):
-    assert jnp.result_type(a) == jnp.result_type(e)
-    if jax.dtypes.issubdtype(jnp.result_type(a), jax.dtypes.prng_key):
-      a, e = jax.random.key_data(a), jax.random.key_data(e)
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(e))
 
 
 def raw_optax_run(case: Case, steps: int):

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from tree_testing import Linear
 
 import optcore
 
@@ -45,15 +44,6 @@ def test_to_state_dict_of_containers():
     "2": {"count": 5},
   }
   assert optcore.to_state_dict({3: 1.0, 4: (2.0,)}) == {"3": 1.0, "4": {"0": 2.0}}
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass
-class Linear:
-  """A module-like pytree: attribute names become keys, as for Equinox."""
-
-  weight: jax.Array
-  bias: jax.Array
 
 
 def test_attribute_pytrees_use_attribute_names():

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from tree_testing import Linear
 
 import optcore
 
@@ -68,13 +67,6 @@ def test_prefix_masks_broadcast_over_subtrees():
   assert mask["Dense_0"] == {"kernel": True, "bias": True}
   assert mask["Dense_1"] == {"kernel": False, "bias": False}
   assert mask["blocks"] == [{"scale": True}, (True, True)]
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass
-class Linear:
-  weight: jax.Array
-  bias: jax.Array
 
 
 def test_attribute_pytrees_use_attribute_names():
