@@ -23,6 +23,7 @@ from importlib.metadata import version as _version
 import optax as _optax
 
 from optcore import contrib as contrib
+from optcore import partitioning as partitioning
 from optcore._src.aliases import optax_alias_names as _optax_alias_names
 from optcore._src.base import Optimizer as Optimizer
 from optcore._src.base import OptimizerDef as OptimizerDef
@@ -33,10 +34,17 @@ from optcore._src.multi_optimizer import MultiOptimizer as MultiOptimizer
 from optcore._src.optax_wrapper import OptaxWrapper as OptaxWrapper
 from optcore._src.optax_wrapper import chain as chain
 from optcore._src.optax_wrapper import wrap_optax_optimizer as wrap_optax_optimizer
+from optcore._src.partition_rules import OptaxStatePartitionRules as OptaxStatePartitionRules
+from optcore._src.partition_rules import PartitionRuleError as PartitionRuleError
+from optcore._src.partition_rules import derive_optax_logical_axes as derive_optax_logical_axes
+from optcore._src.partition_rules import register_state_rule as register_state_rule
 from optcore._src.paths import register_hidden_level as register_hidden_level
 from optcore._src.serialization import StateDictError as StateDictError
 from optcore._src.serialization import from_state_dict as from_state_dict
 from optcore._src.serialization import to_state_dict as to_state_dict
+from optcore._src.sharding import logical_to_mesh as logical_to_mesh
+from optcore._src.sharding import logical_to_mesh_axes as logical_to_mesh_axes
+from optcore._src.sharding import logical_to_mesh_sharding as logical_to_mesh_sharding
 from optcore._src.traversal import ModelParamTraversal as ModelParamTraversal
 from optcore._src.traversal import SelectorError as SelectorError
 from optcore._src.traversal import selector_mask as selector_mask
@@ -78,17 +86,25 @@ __all__ = [
   "HyperParams",
   "ModelParamTraversal",
   "MultiOptimizer",
+  "OptaxStatePartitionRules",
   "OptaxWrapper",
   "Optimizer",
   "OptimizerDef",
   "OptimizerState",
+  "PartitionRuleError",
   "SelectorError",
   "StateDictError",
   "TreeMismatchError",
   "chain",
   "contrib",
+  "derive_optax_logical_axes",
   "from_state_dict",
+  "logical_to_mesh",
+  "logical_to_mesh_axes",
+  "logical_to_mesh_sharding",
+  "partitioning",
   "register_hidden_level",
+  "register_state_rule",
   "selector_mask",
   "to_state_dict",
   "wrap_optax_optimizer",

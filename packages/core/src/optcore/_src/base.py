@@ -10,12 +10,13 @@ definition is static data, so the same configuration never retraces.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 import jax
 import jax.numpy as jnp
 import optax
+from jax.sharding import PartitionSpec
 
 from optcore._src import paths, serialization
 from optcore._src.hyper_params import HyperParams
@@ -206,6 +207,128 @@ class OptimizerDef:
       return jax.tree.map(lambda new, old: new - old, new_params, params), new_state
 
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+  def derive_logical_axes(self, optimizer: Optimizer, param_logical_axes: PyTree) -> Optimizer:
+    """The logical axes of ``optimizer``: an Optimizer of the same structure
+    whose leaves are `PartitionSpec`s (None where the state has None).
+
+    The target gets ``param_logical_axes`` (one spec, tuple of names or None
+    per parameter; padded to full rank); every state leaf gets the axes
+    derived by the partition rules (see `derive_optax_logical_axes`); the
+    step is replicated. ``optimizer`` may be abstract (``jax.eval_shape`` of
+    `create`). The result round-trips through `state_dict`/`restore_state`.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from jax.sharding import PartitionSpec as P
+      >>> import optcore
+      >>> params = {'w': jnp.zeros((4, 2))}
+      >>> opt_def = optcore.adam(1e-3)
+      >>> axes = opt_def.derive_logical_axes(opt_def.create(params), {'w': P('embed', 'mlp')})
+      >>> axes.state.param_states[0].mu == {'w': P('embed', 'mlp')}, axes.state.step == P()
+      (True, True)
+    """
+    from optcore._src import partition_rules  # here: the rules import this module's users
+
+    axes = partition_rules.normalize_param_axes(optimizer.target, param_logical_axes)
+    state_axes = self.derive_param_states_axes(optimizer.state.param_states, optimizer.target, axes)
+    return Optimizer(self, OptimizerState(PartitionSpec(), state_axes), axes)
+
+  def derive_shardings(
+    self,
+    optimizer: Optimizer,
+    param_logical_axes: PyTree,
+    mesh: jax.sharding.Mesh,
+    logical_axis_rules: Sequence[tuple[str, Any]] | None = None,
+  ) -> Optimizer:
+    """An Optimizer-shaped tree of `NamedSharding`s on ``mesh``: the logical
+    axes of `derive_logical_axes`, mapped by Flax-style ``logical_axis_rules``
+    (None: the axes already name mesh axes). Use it as a jitted step's in and
+    out shardings.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, numpy as np
+      >>> from jax.sharding import Mesh, PartitionSpec as P
+      >>> import optcore
+      >>> mesh = Mesh(np.array(jax.devices()[:1]), ('model',))
+      >>> opt_def = optcore.adam(1e-3)
+      >>> opt = opt_def.create({'w': jnp.zeros((4, 2))})
+      >>> shardings = opt_def.derive_shardings(opt, {'w': P('embed', 'mlp')}, mesh, [('mlp', 'model')])
+      >>> shardings.state.param_states[0].mu['w'].spec == P(None, 'model')
+      True
+    """
+    from optcore._src import sharding
+
+    axes = self.derive_logical_axes(optimizer, param_logical_axes)
+    return sharding.logical_to_mesh_sharding(axes, mesh, logical_axis_rules)
+
+  def create_sharded(
+    self,
+    target: PyTree,
+    param_logical_axes: PyTree,
+    mesh: jax.sharding.Mesh,
+    logical_axis_rules: Sequence[tuple[str, Any]] | None = None,
+  ) -> Optimizer:
+    """Like `create`, with the target and every state leaf created sharded on
+    ``mesh`` (``jit`` with ``out_shardings``): no device ever holds the
+    whole state. Raises `PartitionRuleError` naming the leaf whose dimension
+    the mesh does not divide.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, numpy as np
+      >>> from jax.sharding import Mesh, PartitionSpec as P
+      >>> import optcore
+      >>> mesh = Mesh(np.array(jax.devices()[:1]), ('model',))
+      >>> opt = optcore.adam(1e-3).create_sharded(
+      ...     {'w': jnp.zeros((4, 2))}, {'w': P('embed', 'mlp')}, mesh, [('mlp', 'model')])
+      >>> opt.state.param_states[0].nu['w'].sharding.spec == P(None, 'model')
+      True
+    """
+    from optcore._src import sharding
+
+    abstract = jax.eval_shape(self.create, target)
+    shardings = self.derive_shardings(abstract, param_logical_axes, mesh, logical_axis_rules)
+    sharding.check_divisible(abstract, shardings)
+    return jax.jit(self.create, out_shardings=shardings)(target)
+
+  def derive_param_states_axes(
+    self, param_states: PyTree, params: PyTree, params_axes: PyTree
+  ) -> PyTree:
+    """The axes of ``param_states``, given one full-rank spec per parameter.
+
+    For a per-parameter definition each parameter's state is passed to
+    `derive_param_state_axes`; wrapped optax and MultiOptimizer override this.
+    """
+    treedef = jax.tree.structure(params)
+    per_param = [
+      self.derive_param_state_axes(param, spec, state)
+      for param, spec, state in zip(
+        jax.tree.leaves(params),
+        treedef.flatten_up_to(params_axes),
+        treedef.flatten_up_to(param_states),
+        strict=True,
+      )
+    ]
+    return treedef.unflatten(per_param)
+
+  def derive_param_state_axes(self, param: Any, param_axes: PartitionSpec, state: PyTree) -> PyTree:
+    """The axes of one parameter's state: a leaf of the parameter's shape gets
+    ``param_axes``, a scalar is replicated. Override it for any other leaf
+    (a factored accumulator); by default such a leaf raises."""
+    from optcore._src import partition_rules
+
+    def leaf_axes(leaf: Any) -> PartitionSpec:
+      if tuple(leaf.shape) == tuple(param.shape):
+        return param_axes
+      if not leaf.shape:
+        return PartitionSpec()
+      raise partition_rules.PartitionRuleError(
+        f"{self!r}: a state leaf of shape {tuple(leaf.shape)} for a parameter of shape "
+        f"{tuple(param.shape)} is neither parameter-shaped nor a scalar; override "
+        f"{type(self).__name__}.derive_param_state_axes to say which axes it keeps."
+      )
+
+    return jax.tree.map(leaf_axes, state)
 
   def state_dict(self, target: PyTree, state: OptimizerState) -> dict[str, Any]:
     """``{'target': ..., 'state': {'step': ..., 'param_states': ...}}``, Flax's layout."""

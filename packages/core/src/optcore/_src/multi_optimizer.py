@@ -136,6 +136,17 @@ class MultiOptimizer(OptimizerDef):
       new_states.append(sub_state.param_states)
     return new_params, OptimizerState(state.step + 1, tuple(new_states))
 
+  def derive_param_states_axes(
+    self, param_states: tuple, params: PyTree, params_axes: PyTree
+  ) -> tuple:
+    """Each group's state axes, derived by its own definition from its leaves."""
+    return tuple(
+      opt.derive_param_states_axes(sub_state, _masked(params, mask), _masked(params_axes, mask))
+      for opt, mask, sub_state in zip(
+        self.sub_optimizers, self.masks(params), param_states, strict=True
+      )
+    )
+
   def as_optax(self) -> optax.GradientTransformationExtraArgs:
     """The groups as one optax transformation: each group's own transformation
     on its leaves (exact for wrapped optax), zero updates for frozen leaves."""

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from optcore._src import paths, serialization
+from optcore._src import partition_rules, paths, serialization
 from optcore._src.base import OptimizerDef, OptimizerState, PyTree
 from optcore._src.hyper_params import HyperParams, is_numeric, static_key
 
@@ -129,6 +129,12 @@ class OptaxWrapper(OptimizerDef):
   def as_optax(self) -> Any:
     """The wrapped optax transformation itself: exact, with optax's own state."""
     return self.optax_optimizer
+
+  def derive_param_states_axes(
+    self, param_states: PyTree, params: PyTree, params_axes: PyTree
+  ) -> PyTree:
+    """The optax state's axes, from the partition rules (`derive_optax_logical_axes`)."""
+    return partition_rules.derive_normalized(param_states, params_axes, params)
 
   def state_dict(self, target: PyTree, state: OptimizerState) -> dict[str, Any]:
     """Flax's layout with optax's empty states dropped, as T5X writes it."""

@@ -14,6 +14,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.sharding import PartitionSpec
 
 from optcore._src import paths
 
@@ -120,6 +121,10 @@ def _restore(ref: Any, value: Any, path: str) -> Any:
 
 
 def _restore_leaf(ref: Any, value: Any, path: str) -> Any:
+  if isinstance(ref, PartitionSpec):  # a tree of logical axes (derive_logical_axes)
+    if not isinstance(value, PartitionSpec):
+      raise StateDictError(f"at {path!r}: expected a PartitionSpec, found {_describe(value)}.")
+    return value
   if isinstance(value, Mapping) or value is None:
     raise StateDictError(f"at {path!r}: expected {_describe(ref)}, found {_describe(value)}.")
   ref_shape = np.shape(ref)

@@ -1,0 +1,148 @@
+"""From logical axes to a mesh: Flax/T5X ``logical_axis_rules``, NamedShardings,
+and optimizer state created already sharded."""
+
+from __future__ import annotations
+
+import collections
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from optcore._src import paths
+from optcore._src.partition_rules import PartitionRuleError
+
+PyTree = Any
+MeshAxes = str | tuple[str, ...] | None
+LogicalAxisRules = Sequence[tuple[str, MeshAxes]]
+
+
+def logical_to_mesh_axes(spec: PartitionSpec | None, rules: LogicalAxisRules | None) -> Any:
+  """One logical `PartitionSpec` as mesh axes, by Flax's ``logical_axis_rules``.
+
+  The rules are ``(logical_name, mesh_axes)`` pairs in order of precedence: a
+  dimension takes the first rule for its name whose mesh axes no other
+  dimension uses yet. A name with no usable rule is replicated (None), as in
+  Flax. ``rules=None`` reads the names as mesh axes already.
+
+  Example:
+    >>> from jax.sharding import PartitionSpec as P
+    >>> from optcore import logical_to_mesh_axes
+    >>> rules = [('batch', 'data'), ('mlp', 'model'), ('embed', 'model'), ('embed', 'data')]
+    >>> logical_to_mesh_axes(P('embed', 'mlp'), rules) == P('data', 'model')
+    True
+  """
+  if spec is None or rules is None:
+    return spec
+  _check_rules(rules)
+  names = tuple(spec)
+  counts = collections.Counter(n for n in names if isinstance(n, str))
+  repeated = sorted(n for n, k in counts.items() if k > 1)
+  if repeated:
+    raise PartitionRuleError(f"the logical axes {spec} name {repeated} more than once")
+  free = object()
+  assigned: list[Any] = [free if isinstance(n, str) else n for n in names]
+  used: set[str] = set()
+  for logical, mesh_axes in rules:
+    if logical not in names:
+      continue
+    pos = names.index(logical)
+    wanted = _mesh_axis_set(mesh_axes)
+    if assigned[pos] is free and not wanted & used:
+      assigned[pos] = mesh_axes
+      used |= wanted
+  return PartitionSpec(*(None if a is free else a for a in assigned))
+
+
+def _mesh_axis_set(mesh_axes: MeshAxes) -> set[str]:
+  if mesh_axes is None:
+    return set()
+  return {mesh_axes} if isinstance(mesh_axes, str) else set(mesh_axes)
+
+
+def _check_rules(rules: Any) -> None:
+  if isinstance(rules, (str, bytes)) or not isinstance(rules, Sequence):
+    raise PartitionRuleError(
+      f"logical_axis_rules must be a sequence of (logical_name, mesh_axes) pairs, got {rules!r}"
+    )
+  for rule in rules:
+    ok = isinstance(rule, (tuple, list)) and len(rule) == 2 and isinstance(rule[0], str)
+    mesh_axes = rule[1] if ok else None
+    ok = ok and (
+      mesh_axes is None
+      or isinstance(mesh_axes, str)
+      or (isinstance(mesh_axes, (tuple, list)) and all(isinstance(a, str) for a in mesh_axes))
+    )
+    if not ok:
+      raise PartitionRuleError(
+        f"the logical axis rule {rule!r} is not a (logical_name, mesh_axes) pair, where "
+        "mesh_axes is a mesh axis name, a tuple of them, or None. Example: ('mlp', 'model')."
+      )
+
+
+def logical_to_mesh(tree: PyTree, rules: LogicalAxisRules | None) -> PyTree:
+  """`logical_to_mesh_axes` on every PartitionSpec of ``tree`` (None stays None).
+
+  Example:
+    >>> from jax.sharding import PartitionSpec as P
+    >>> from optcore import logical_to_mesh
+    >>> mesh_axes = logical_to_mesh({'w': P('embed', 'mlp'), 'b': P('mlp')}, [('mlp', 'model')])
+    >>> mesh_axes == {'w': P(None, 'model'), 'b': P('model')}
+    True
+  """
+  return jax.tree.map(lambda spec: logical_to_mesh_axes(spec, rules), tree)
+
+
+def logical_to_mesh_sharding(
+  tree: PyTree, mesh: Mesh, rules: LogicalAxisRules | None = None
+) -> PyTree:
+  """A `NamedSharding` on ``mesh`` for every logical PartitionSpec of ``tree``.
+
+  Raises `PartitionRuleError` naming the path when a spec uses an axis that
+  ``mesh`` does not have.
+
+  Example:
+    >>> import jax, numpy as np
+    >>> from jax.sharding import Mesh, PartitionSpec as P
+    >>> from optcore import logical_to_mesh_sharding
+    >>> mesh = Mesh(np.array(jax.devices()[:1]), ('model',))
+    >>> shardings = logical_to_mesh_sharding({'w': P('embed', 'mlp')}, mesh, [('mlp', 'model')])
+    >>> shardings['w'].spec == P(None, 'model')
+    True
+  """
+  keyed, treedef = jax.tree_util.tree_flatten_with_path(tree)
+  out = []
+  for keys, spec in keyed:
+    if not isinstance(spec, PartitionSpec):
+      raise PartitionRuleError(
+        f"at {paths.path_str(keys)!r}: expected a PartitionSpec, found {spec!r}"
+      )
+    mesh_spec = logical_to_mesh_axes(spec, rules)
+    unknown = sorted(
+      {a for entry in mesh_spec for a in _mesh_axis_set(entry)} - set(mesh.axis_names)
+    )
+    if unknown:
+      raise PartitionRuleError(
+        f"at {paths.path_str(keys)!r}: {spec} maps to {mesh_spec}, which names the mesh "
+        f"axes {unknown}; the mesh has {list(mesh.axis_names)}. Fix the logical axis rules "
+        "or the mesh."
+      )
+    out.append(NamedSharding(mesh, mesh_spec))
+  return treedef.unflatten(out)
+
+
+def check_divisible(shapes: PyTree, shardings: PyTree) -> None:
+  """Raises `PartitionRuleError` naming the first leaf whose sharded dimension
+  the mesh does not divide evenly."""
+  keyed, treedef = jax.tree_util.tree_flatten_with_path(shapes)
+  for (keys, leaf), sharding in zip(keyed, treedef.flatten_up_to(shardings), strict=True):
+    for dim, (size, entry) in enumerate(zip(leaf.shape, sharding.spec, strict=False)):
+      ways = math.prod(sharding.mesh.shape[a] for a in _mesh_axis_set(entry))
+      if size % ways:
+        raise PartitionRuleError(
+          f"at {paths.path_str(keys)!r}: dimension {dim} of shape {tuple(leaf.shape)} has size "
+          f"{size}, which the mesh axes {entry!r} ({ways} ways) do not divide. Give that "
+          "dimension another logical axis, or map its axis to None in the rules."
+        )
