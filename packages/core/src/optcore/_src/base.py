@@ -253,7 +253,8 @@ class OptimizerDef:
       >>> mesh = Mesh(np.array(jax.devices()[:1]), ('model',))
       >>> opt_def = optcore.adam(1e-3)
       >>> opt = opt_def.create({'w': jnp.zeros((4, 2))})
-      >>> shardings = opt_def.derive_shardings(opt, {'w': P('embed', 'mlp')}, mesh, [('mlp', 'model')])
+      >>> rules = [('mlp', 'model')]
+      >>> shardings = opt_def.derive_shardings(opt, {'w': P('embed', 'mlp')}, mesh, rules)
       >>> shardings.state.param_states[0].mu['w'].spec == P(None, 'model')
       True
     """

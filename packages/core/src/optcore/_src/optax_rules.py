@@ -97,9 +97,7 @@ def _drop(spec: PartitionSpec, dim: int) -> PartitionSpec:
 
 
 def _factored_rule(state, params_axes, params):
-  param_at = {
-    tuple(keys): p for keys, p in jax.tree_util.tree_flatten_with_path(params)[0]
-  }
+  param_at = {tuple(keys): p for keys, p in jax.tree_util.tree_flatten_with_path(params)[0]}
 
   def pick(field_name: str) -> Any:
     def per_param(leaf, spec, keys):
@@ -174,7 +172,10 @@ def _split_complex(field, state, params_axes, params):
     return value, spec
 
   treedef = jax.tree.structure(params)
-  pairs = [split(v, s) for v, s in zip(jax.tree.leaves(params), treedef.flatten_up_to(params_axes))]
+  pairs = [
+    split(v, s)
+    for v, s in zip(jax.tree.leaves(params), treedef.flatten_up_to(params_axes), strict=True)
+  ]
   inner_params = treedef.unflatten([p for p, _ in pairs])
   inner_axes = treedef.unflatten([s for _, s in pairs])
   return pr.derive_normalized(field, inner_axes, inner_params)
@@ -213,12 +214,14 @@ def _galore_rule(state, params_axes, params):
   projectors = treedef.flatten_up_to(state.projector)
   specs = treedef.flatten_up_to(params_axes)
   leaves = jax.tree.leaves(params)
-  out = [_galore_projection(proj, s, p) for proj, s, p in zip(projectors, specs, leaves)]
+  out = [
+    _galore_projection(proj, s, p) for proj, s, p in zip(projectors, specs, leaves, strict=True)
+  ]
   if any(proxy_shape is None for _, proxy_shape, _ in out):
     base = pr.replicated(state.base_optimizer_state)
   else:
     proxies = treedef.unflatten(
-      [jax.ShapeDtypeStruct(shape, p.dtype) for (_, shape, _), p in zip(out, leaves)]
+      [jax.ShapeDtypeStruct(shape, p.dtype) for (_, shape, _), p in zip(out, leaves, strict=True)]
     )
     base = pr.derive_normalized(
       state.base_optimizer_state, treedef.unflatten([s for _, _, s in out]), proxies

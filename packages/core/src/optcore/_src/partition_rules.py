@@ -335,7 +335,7 @@ def _is_namedtuple(x: Any) -> bool:
 
 
 def _is_array(x: Any) -> bool:
-  return hasattr(x, "shape") and hasattr(x, "dtype") or isinstance(x, (int, float, complex, bool))
+  return (hasattr(x, "shape") and hasattr(x, "dtype")) or isinstance(x, (int, float, complex, bool))
 
 
 def _is_leaf_tree(tree: Any) -> bool:
