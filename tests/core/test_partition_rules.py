@@ -36,13 +36,8 @@ def _combinators() -> dict[str, object]:
     "chain": optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.1, momentum=0.9)),
     "masked": optax.masked(optax.adam(0.1), MASK),
     "masked_prefix": optax.masked(
-      optax.adafactor(0.1, min_dim_size_to_factor=2),
-      {
-        "dense": False,
-        "attn": True,
-        "scale": False,
-      },
-    ),  # fmt: skip
+      optax.adafactor(0.1, min_dim_size_to_factor=2), {"dense": False, "attn": True, "scale": False}
+    ),
     "partition": optax.partition(
       {"a": adam(), "b": optax.sgd(0.1, momentum=0.9)},
       {"dense": {"kernel": "a", "bias": "b"}, "attn": "a", "scale": "b"},
