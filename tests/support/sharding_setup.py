@@ -1,0 +1,49 @@
+"""The parameters, logical axes and rules that the multi-device tests share."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+# Every parameter has one dimension that the 8-way mesh axis 'x' splits.
+RULES = [("mlp", "x"), ("heads", "x"), ("embed", None), ("layers", None)]
+AXES = {
+  "dense": {"kernel": P("embed", "mlp"), "bias": P("mlp")},
+  "attn": P("layers", "embed", "heads"),
+}
+
+
+def make_params(seed: int = 0) -> dict[str, Any]:
+  rng = np.random.default_rng(seed)
+  return {
+    "dense": {
+      "kernel": jnp.asarray(rng.normal(size=(16, 32)), jnp.float32),
+      "bias": jnp.asarray(rng.normal(size=(32,)), jnp.float32),
+    },
+    "attn": jnp.asarray(rng.normal(size=(2, 8, 16)), jnp.float32),
+  }
+
+
+def comparable(x: Any) -> np.ndarray:
+  """A NumPy copy of any state leaf (typed PRNG keys as their key data)."""
+  if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
+    x = jax.random.key_data(x)
+  return np.asarray(x)
+
+
+def param_shaped_leaves(tree: Any, params: Any) -> list[tuple[str, Any]]:
+  """The leaves of ``tree`` whose path ends with a parameter's path and whose
+  shape is that parameter's."""
+  param_at = {tuple(k): p for k, p in jax.tree_util.tree_flatten_with_path(params)[0]}
+  out = []
+  for keys, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    for n in range(1, len(keys) + 1):
+      param = param_at.get(tuple(keys[-n:]))
+      if param is not None and param.shape == leaf.shape:
+        out.append((jax.tree_util.keystr(keys), leaf))
+        break
+  return out
