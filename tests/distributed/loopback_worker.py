@@ -1,0 +1,68 @@
+"""One process of the loopback multi-process run (see test_multiprocess.py).
+
+    python loopback_worker.py PROCESS_ID NUM_PROCESSES PORT OUT.npz
+
+Each process sees its own CPU devices (XLA_FLAGS from the parent); with more
+than one process, `jax.distributed` joins them over gloo on 127.0.0.1 into one
+4-device mesh. Adam and Adafactor are created sharded and take 3 sharded
+steps; process 0 writes the gathered results.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import jax
+
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+jax.config.update("jax_platforms", "cpu")
+
+
+def main(process_id: int, num_processes: int, port: int, out: str) -> None:
+  if num_processes > 1:
+    jax.distributed.initialize(
+      coordinator_address=f"127.0.0.1:{port}",
+      num_processes=num_processes,
+      process_id=process_id,
+      initialization_timeout=120,
+    )
+  import numpy as np
+  from jax.experimental import multihost_utils
+  from jax.sharding import Mesh
+  from optimizer_catalogue import loss_fn
+  from sharding_setup import AXES, RULES, make_params
+
+  import optcore
+
+  devices = jax.devices()
+  assert len(devices) == 4, devices
+  mesh = Mesh(np.array(devices), ("x",))
+  params = jax.tree.map(np.asarray, make_params())
+  results = {}
+  for name, opt_def in [
+    ("adam", optcore.adam(0.05)),
+    ("adafactor", optcore.adafactor(0.05, min_dim_size_to_factor=8)),
+  ]:
+    opt = opt_def.create_sharded(params, AXES, mesh, RULES)
+    shardings = jax.tree.map(lambda x: x.sharding, opt)
+    step = jax.jit(
+      lambda opt: opt.apply_gradient(jax.grad(loss_fn)(opt.target)),
+      in_shardings=(shardings,),
+      out_shardings=shardings,
+    )
+    for _ in range(3):
+      opt = step(opt)
+    for keys, leaf in jax.tree_util.tree_flatten_with_path(opt)[0]:
+      path = f"{name}{jax.tree_util.keystr(keys)}"
+      results[path] = multihost_utils.process_allgather(leaf, tiled=True)
+      results[f"local_bytes:{path}"] = np.asarray(
+        sum(shard.data.nbytes for shard in leaf.addressable_shards)
+      )
+  if process_id == 0:
+    np.savez(out, **results)
+  if num_processes > 1:
+    jax.distributed.shutdown()
+
+
+if __name__ == "__main__":
+  main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
