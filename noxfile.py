@@ -139,9 +139,11 @@ def demo(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
-  """Step-time comparisons against raw optax; writes benchmarks/results/."""
+  """Step time against raw optax, and sharded state memory on 8 devices;
+  writes benchmarks/results/."""
   sync(session, None)
   session.run("python", "benchmarks/run.py", *session.posargs)
+  session.run("python", "benchmarks/state_memory.py", env=EIGHT_CPU_DEVICES)
 
 
 @nox.session(python=PYTHON)
