@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 import optcore
 import optcore_flax
@@ -142,3 +143,14 @@ def test_nnx_variables_read_like_plain_arrays():
   )
   assert isinstance(restored["bias"], nnx.Param)
   np.testing.assert_array_equal(restored["bias"][...], np.ones(3))
+
+
+def test_a_none_gradient_in_an_nnx_state_names_the_canonical_path():
+  from flax import nnx
+
+  params = nnx.state(nnx.Linear(2, 3, rngs=nnx.Rngs(0)), nnx.Param)
+  opt = optcore.sgd(0.1).create(params)
+  grads = jax.tree.map(jnp.ones_like, params)
+  grads["kernel"] = nnx.Param(None)
+  with pytest.raises(optcore.TreeMismatchError, match=r"None at '/kernel'[^/]"):
+    opt.apply_gradient(grads)

@@ -464,12 +464,13 @@ def check_same_structure(reference: PyTree, other: PyTree, what: str) -> None:
   """Raises `TreeMismatchError` naming the first path where ``other`` differs."""
   if jax.tree.structure(reference) == jax.tree.structure(other):
     return
-  is_none = lambda x: x is None
-  ref_paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(reference, is_leaf=is_none)[0]]
-  other_leaves = jax.tree_util.tree_flatten_with_path(other, is_leaf=is_none)[0]
-  other_by_path = {paths.path_str(p): x for p, x in other_leaves}
-  for p in ref_paths:
-    name = paths.path_str(p)
+  named = lambda tree: {
+    "/" + "/".join(names): leaf for names, leaf in paths.leaves_with_names(tree, keep_none=True)[0]
+  }
+  ref_by_path, other_by_path = named(reference), named(other)
+  for name, leaf in ref_by_path.items():
+    if leaf is None:
+      continue
     if name not in other_by_path:
       raise TreeMismatchError(
         f"{what} has no array at {name!r}, where the parameters have one. Give a gradient for "
@@ -481,7 +482,7 @@ def check_same_structure(reference: PyTree, other: PyTree, what: str) -> None:
         f"gradients with zeros (jnp.zeros_like(param)) or leave that parameter out of the "
         f"optimised tree."
       )
-  extra = sorted(set(other_by_path) - {paths.path_str(p) for p in ref_paths})
+  extra = sorted(set(other_by_path) - set(ref_by_path))
   raise TreeMismatchError(
     f"{what} does not have the structure of the parameters"
     + (f": it has extra entries at {extra[:5]}" if extra else "")

@@ -100,25 +100,36 @@ def hidden_child(node: Any) -> tuple[Any, Any] | None:
   return children[0][1], treedef
 
 
-def leaves_with_names(tree: Any) -> tuple[list[tuple[tuple[str, ...], Any]], Any]:
-  """``([(names, leaf), ...], treedef)`` in flatten order, hidden levels left out."""
-  keyed, treedef = jax.tree_util.tree_flatten_with_path(tree)
+def leaves_with_names(
+  tree: Any, *, keep_none: bool = False
+) -> tuple[list[tuple[tuple[str, ...], Any]], Any]:
+  """``([(names, leaf), ...], treedef)`` in flatten order, hidden levels left out.
+
+  With ``keep_none``, None entries are listed as leaves too (jax's flatten
+  drops them as empty subtrees); the treedef is then None's leaf treedef.
+  """
+  is_leaf = (lambda x: x is None) if keep_none else None
+  keyed, treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)
   if not _HIDDEN_LEVELS:
     return [(tuple(map(key_name, keys)), leaf) for keys, leaf in keyed], treedef
   out: list[tuple[tuple[str, ...], Any]] = []
-  _walk(tree, (), out)
+  _walk(tree, (), out, keep_none)
   return out, treedef
 
 
-def _walk(node: Any, names: tuple[str, ...], out: list) -> None:
+def _walk(node: Any, names: tuple[str, ...], out: list, keep_none: bool) -> None:
+  if node is None:
+    if keep_none:
+      out.append((names, None))
+    return
   hidden = hidden_child(node)
   if hidden is not None:
-    _walk(hidden[0], names, out)
+    _walk(hidden[0], names, out, keep_none)
     return
   split = children_with_keys(node)
   if split is None:
     out.append((names, node))
     return
   for key, child in split[0]:
-    if child is not None:  # None is an empty subtree, as in jax's flatten
-      _walk(child, (*names, key_name(key)), out)
+    if child is not None or keep_none:  # None is an empty subtree, as in jax's flatten
+      _walk(child, (*names, key_name(key)), out, keep_none)
