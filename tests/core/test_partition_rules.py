@@ -11,6 +11,7 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 from optimizer_catalogue import CASES
+from sharding_setup import param_for
 
 import optcore
 from optcore import partitioning
@@ -99,10 +100,9 @@ def _check_axes(state, axes, params, full_axes) -> None:
     assert len(spec) == leaf.ndim, (jax.tree_util.keystr(keys), leaf.shape, spec)
     if leaf.ndim == 0:
       assert spec == P()
-    for n in range(1, len(keys) + 1):
-      param = param_at.get(tuple(keys[-n:]))
-      if param is not None and param[0].shape == leaf.shape and leaf.ndim:
-        assert spec == param[1], (jax.tree_util.keystr(keys), spec, param[1])
+    param = param_for(keys, param_at, leaf.shape)
+    if param is not None and leaf.ndim:
+      assert spec == param[1], (jax.tree_util.keystr(keys), spec, param[1])
 
 
 @pytest.mark.parametrize("make", list(_state_cases()))

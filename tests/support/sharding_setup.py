@@ -35,15 +35,25 @@ def comparable(x: Any) -> np.ndarray:
   return np.asarray(x)
 
 
+def param_for(keys: tuple, by_path: dict[tuple, Any], shape: tuple[int, ...]) -> Any:
+  """The entry of ``by_path`` (keyed by parameter key paths, each holding the
+  parameter first) whose path ends a state leaf's ``keys`` and whose
+  parameter has ``shape``; None when there is none."""
+  for n in range(1, len(keys) + 1):
+    entry = by_path.get(tuple(keys[-n:]))
+    if entry is not None:
+      param = entry[0] if isinstance(entry, tuple) else entry
+      if param.shape == shape:
+        return entry
+  return None
+
+
 def param_shaped_leaves(tree: Any, params: Any) -> list[tuple[str, Any]]:
   """The leaves of ``tree`` whose path ends with a parameter's path and whose
   shape is that parameter's."""
   param_at = {tuple(k): p for k, p in jax.tree_util.tree_flatten_with_path(params)[0]}
-  out = []
-  for keys, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-    for n in range(1, len(keys) + 1):
-      param = param_at.get(tuple(keys[-n:]))
-      if param is not None and param.shape == leaf.shape:
-        out.append((jax.tree_util.keystr(keys), leaf))
-        break
-  return out
+  return [
+    (jax.tree_util.keystr(keys), leaf)
+    for keys, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+    if param_for(keys, param_at, leaf.shape) is not None
+  ]

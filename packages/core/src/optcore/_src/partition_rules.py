@@ -26,7 +26,7 @@ import numpy as np
 import optax
 from jax.sharding import PartitionSpec
 
-from optcore._src import paths
+from optcore._src import paths, serialization
 
 PyTree = Any
 # rule(state, params_axes, params) -> the state's structure with PartitionSpec leaves
@@ -144,7 +144,7 @@ def _full_rank(spec: Any, param: Any, keys: tuple) -> PartitionSpec:
     raise PartitionRuleError(
       f"the axes of the parameter at {paths.path_str(keys)!r} are {PartitionSpec(*entries)} with "
       f"{len(entries)} entries, but the parameter has {ndim} dimensions (shape "
-      f"{tuple(np.shape(param) if not hasattr(param, 'shape') else param.shape)}). Give one entry "
+      f"{_shape(param)}). Give one entry "
       "per dimension."
     )
   return PartitionSpec(*entries, *(None,) * (ndim - len(entries)))
@@ -300,8 +300,7 @@ def _complete(out: Any, state: Any, rule_name: str, state_keys: tuple, keys: tup
       raise PartitionRuleError(f"{where} gave {out} where the state has {_describe(state)}.")
     if len(out) != _ndim(state):
       raise PartitionRuleError(
-        f"{where} gave {out} with {len(out)} entries for a leaf of shape "
-        f"{tuple(np.shape(state) if not hasattr(state, 'shape') else state.shape)}."
+        f"{where} gave {out} with {len(out)} entries for a leaf of shape {_shape(state)}."
       )
     return out
   if state is None:
@@ -342,15 +341,16 @@ def _is_leaf_tree(tree: Any) -> bool:
   return jax.tree_util.treedef_is_leaf(jax.tree.structure(tree))
 
 
-def _ndim(x: Any) -> int:
+def _shape(x: Any) -> tuple[int, ...]:
   shape = getattr(x, "shape", None)
-  return len(shape) if shape is not None else np.ndim(x)
+  return tuple(shape) if shape is not None else np.shape(x)
 
 
-def _describe(x: Any) -> str:
-  if hasattr(x, "shape") and hasattr(x, "dtype"):
-    return f"an array of shape {tuple(x.shape)}"
-  return f"a {type(x).__name__}"
+def _ndim(x: Any) -> int:
+  return len(_shape(x))
+
+
+_describe = serialization.describe
 
 
 class OptaxStatePartitionRules:

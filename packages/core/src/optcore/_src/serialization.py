@@ -83,7 +83,7 @@ def from_state_dict(reference: Any, state_dict: Any, *, root: str = "") -> Any:
 def _restore(ref: Any, value: Any, path: str) -> Any:
   if ref is None:
     if value is not None:
-      raise StateDictError(f"at {path!r}: expected None, found {_describe(value)}.")
+      raise StateDictError(f"at {path!r}: expected None, found {describe(value)}.")
     return None
   hidden = paths.hidden_child(ref)
   if hidden is not None:
@@ -96,7 +96,7 @@ def _restore(ref: Any, value: Any, path: str) -> Any:
   if not isinstance(value, Mapping):
     raise StateDictError(
       f"at {path!r}: expected a dict with keys {[paths.key_name(k) for k, _ in children]} "
-      f"(for a {type(ref).__name__}), found {_describe(value)}."
+      f"(for a {type(ref).__name__}), found {describe(value)}."
     )
   names = [paths.key_name(k) for k, _ in children]
   extra = sorted(set(map(str, value)) - set(names))
@@ -114,7 +114,7 @@ def _restore(ref: Any, value: Any, path: str) -> Any:
       new_children.append(child)
     else:
       raise StateDictError(
-        f"at {child_path!r}: missing from the state dict; expected {_describe(child)}. "
+        f"at {child_path!r}: missing from the state dict; expected {describe(child)}. "
         "The state dict was written for a different optimizer or parameter structure."
       )
   return treedef.unflatten(new_children)
@@ -123,14 +123,14 @@ def _restore(ref: Any, value: Any, path: str) -> Any:
 def _restore_leaf(ref: Any, value: Any, path: str) -> Any:
   if isinstance(ref, PartitionSpec):  # a tree of logical axes (derive_logical_axes)
     if not isinstance(value, PartitionSpec):
-      raise StateDictError(f"at {path!r}: expected a PartitionSpec, found {_describe(value)}.")
+      raise StateDictError(f"at {path!r}: expected a PartitionSpec, found {describe(value)}.")
     return value
   if isinstance(value, Mapping) or value is None:
-    raise StateDictError(f"at {path!r}: expected {_describe(ref)}, found {_describe(value)}.")
+    raise StateDictError(f"at {path!r}: expected {describe(ref)}, found {describe(value)}.")
   ref_shape = np.shape(ref)
   if np.shape(value) != ref_shape:
     raise StateDictError(
-      f"at {path!r}: expected {_describe(ref)}, found {_describe(value)}. The state dict was "
+      f"at {path!r}: expected {describe(ref)}, found {describe(value)}. The state dict was "
       "written for parameters of other shapes; restore into an optimizer created from "
       "parameters of the same shapes."
     )
@@ -141,7 +141,7 @@ def _restore_leaf(ref: Any, value: Any, path: str) -> Any:
       return np.asarray(value, dtype=ref_dtype)
     if value_dtype != ref_dtype:
       raise StateDictError(
-        f"at {path!r}: expected {_describe(ref)}, found {_describe(value)}. Cast the "
+        f"at {path!r}: expected {describe(ref)}, found {describe(value)}. Cast the "
         f"checkpoint's value to {_dtype_name(ref_dtype)} before restoring it."
       )
   return value
@@ -156,7 +156,8 @@ def _has_no_none(tree: Any) -> bool:
   return all(x is not None for x in jax.tree_util.tree_leaves(tree, is_leaf=lambda x: x is None))
 
 
-def _describe(x: Any) -> str:
+def describe(x: Any) -> str:
+  """A short description of ``x`` for error messages."""
   if x is None:
     return "None"
   if isinstance(x, Mapping):
