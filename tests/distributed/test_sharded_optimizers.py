@@ -4,6 +4,7 @@ with in and out shardings, equal to the unsharded run."""
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding
@@ -123,3 +124,27 @@ def test_multi_optimizer_is_created_sharded_through_its_groups(mesh):
   assert factored[0].v_col["dense"]["kernel"].sharding.spec == P("x")
   assert adam[0].mu["attn"].sharding.spec == P(None, None, "x")
   assert adam[0].mu["dense"]["kernel"] is None
+
+
+def test_equinox_optimizer_shards_its_state_from_model_specs(mesh):
+  eqx = pytest.importorskip(
+    "equinox", reason="needs optcore-equinox (the nox variant all installs it)"
+  )
+  import optcore_equinox
+
+  model = eqx.nn.MLP(16, 32, width_size=64, depth=1, key=jax.random.key(0))
+  specs = jax.tree.map(
+    lambda x: P("x", *(None,) * (x.ndim - 1)) if eqx.is_array(x) else None, model
+  )
+  opt = optcore_equinox.Optimizer(optcore.adam(1e-2), model).shard(model, specs, mesh)
+  for leaf in jax.tree.leaves(opt.state.param_states[0].mu):
+    assert {s.data.nbytes for s in leaf.addressable_shards} == {leaf.nbytes // 8}
+  model = eqx.filter_shard(model, jax.tree.map(lambda s: NamedSharding(mesh, s), specs))
+
+  @eqx.filter_jit
+  def step(model, opt):
+    grads = eqx.filter_grad(lambda m: jnp.sum(m(jnp.ones(16)) ** 2))(model)
+    return opt.update(grads, model)
+
+  _, new_opt = step(model, opt)
+  assert new_opt.state.param_states[0].nu.layers[0].weight.sharding.spec == P("x", None)

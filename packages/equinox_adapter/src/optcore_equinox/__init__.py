@@ -1,18 +1,22 @@
-"""optcore for Equinox.
+"""optcore for Equinox: the optimizer as an ``eqx.Module``.
 
-This release holds the package and its dependencies only; the ``eqx.Module``
-optimizer comes in a later release.
+`Optimizer` takes any optcore definition (or a raw optax transformation) and
+a model, optimises the leaves a filter selects, and updates functionally
+under ``eqx.filter_jit``.
 
+  >>> import equinox as eqx, jax, jax.numpy as jnp
   >>> import optcore, optcore_equinox
-  >>> optcore_equinox.__version__ == optcore.__version__
-  True
+  >>> model = eqx.nn.MLP(2, 1, width_size=4, depth=1, key=jax.random.key(0))
+  >>> opt = optcore_equinox.Optimizer(optcore.adam(1e-2), model)
+  >>> grads = eqx.filter_grad(lambda m: jnp.sum(m(jnp.ones(2)) ** 2))(model)
+  >>> model, opt = opt.update(grads, model)
+  >>> int(opt.state.step)
+  1
 """
 
 from importlib.metadata import version as _version
 
-import equinox as _equinox  # noqa: F401  (the framework this adapter serves)
-
-import optcore as _optcore  # noqa: F401
+from optcore_equinox._optimizer import Optimizer as Optimizer
 
 __version__ = _version("optcore-equinox")
-__all__: list[str] = []
+__all__ = ["Optimizer"]

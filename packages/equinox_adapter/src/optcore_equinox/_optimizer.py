@@ -1,0 +1,157 @@
+"""The optimizer as an Equinox module: its state as fields, its definition static."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import equinox as eqx
+import jax
+from jax.sharding import Mesh
+
+import optcore
+from optcore._src.base import check_same_structure
+
+PyTree = Any
+
+
+class Optimizer(eqx.Module):
+  """An optimizer for an Equinox model, built from any optcore definition.
+
+  The state is an `optcore.OptimizerState` over the leaves that ``wrt``
+  selects (by default every inexact array), kept in the model's structure
+  with None elsewhere. Integer arrays, functions and static fields are never
+  touched. `update` is functional: it returns the new model and the new
+  optimizer, and runs under ``eqx.filter_jit`` (donation included); the
+  definition is static, so the same configuration never retraces, and
+  hyper-parameter overrides passed as arrays do not retrace either.
+
+  Args:
+    optimizer: an `optcore.OptimizerDef` (``optcore.adamw(...)``, a
+      `optcore.MultiOptimizer`, a per-parameter definition) or a raw optax
+      ``GradientTransformation``.
+    model: the model whose leaves it optimises.
+    wrt: an Equinox filter spec choosing those leaves.
+
+  Example:
+    >>> import equinox as eqx, jax, jax.numpy as jnp
+    >>> import optcore, optcore_equinox
+    >>> model = eqx.nn.Linear(2, 1, key=jax.random.key(0))
+    >>> opt = optcore_equinox.Optimizer(optcore.adamw(1e-2), model)
+    >>> @eqx.filter_jit
+    ... def step(model, opt, x, lr):
+    ...   grads = eqx.filter_grad(lambda m: jnp.sum(m(x) ** 2))(model)
+    ...   return opt.update(grads, model, learning_rate=lr)
+    >>> model, opt = step(model, opt, jnp.ones(2), jnp.asarray(1e-2))
+    >>> int(opt.state.step)
+    1
+  """
+
+  optimizer_def: optcore.OptimizerDef = eqx.field(static=True)
+  wrt: Any = eqx.field(static=True)
+  state: optcore.OptimizerState
+
+  def __init__(self, optimizer: Any, model: PyTree, *, wrt: Any = eqx.is_inexact_array):
+    if not isinstance(optimizer, optcore.OptimizerDef):
+      if not (hasattr(optimizer, "init") and hasattr(optimizer, "update")):
+        raise TypeError(
+          "optcore_equinox.Optimizer takes an optcore definition (optcore.adamw(1e-3), "
+          f"optcore.MultiOptimizer(...)) or an optax GradientTransformation; got {optimizer!r}"
+        )
+      optimizer = optcore.OptaxWrapper(optimizer)
+    self.optimizer_def = optimizer
+    self.wrt = wrt
+    self.state = optimizer.init_state(eqx.filter(model, wrt))
+
+  def params(self, model: PyTree) -> PyTree:
+    """The leaves of ``model`` this optimizer updates (None elsewhere)."""
+    return eqx.filter(model, self.wrt)
+
+  def update(
+    self, grads: PyTree, model: PyTree, *, extra_args: Mapping[str, Any] | None = None, **overrides
+  ) -> tuple[PyTree, Optimizer]:
+    """Applies one step: returns ``(new_model, new_optimizer)``.
+
+    ``grads`` has the model's structure (``eqx.filter_grad`` gives it); leaves
+    outside ``wrt`` are ignored. A None or missing gradient for an optimised
+    leaf raises `optcore.TreeMismatchError` naming its path. Keyword
+    arguments override hyper-parameters for this step (``learning_rate=lr``);
+    ``extra_args`` go to optax's update (``value=loss`` for polyak_sgd, ...).
+    """
+    params, static = eqx.partition(model, self.wrt)
+    selected = _select(grads, params)
+    hyper_params = self.optimizer_def.update_hyper_params(**overrides)
+    new_params, new_state = self.optimizer_def.apply_gradient(
+      hyper_params, params, self.state, selected, **(extra_args or {})
+    )
+    return eqx.combine(new_params, static), eqx.tree_at(lambda o: o.state, self, new_state)
+
+  def state_dict(self) -> dict[str, Any]:
+    """``{'state': {'step': ..., 'param_states': ...}}``: the core's layout, so
+    the state moves to and from the core and Flax optimizers."""
+    return {"state": self.optimizer_def.state_dict(None, self.state)["state"]}
+
+  def restore_state(self, state_dict: Mapping[str, Any]) -> Optimizer:
+    """A new Optimizer holding ``state_dict['state']``; this one is untouched.
+
+    Takes this adapter's state dict or a core/Flax optimizer's (whose
+    ``'target'`` is ignored: the model is yours). Raises
+    `optcore.StateDictError` naming the path on any mismatch.
+    """
+    if not isinstance(state_dict, Mapping) or "state" not in state_dict:
+      found = sorted(state_dict) if isinstance(state_dict, Mapping) else type(state_dict).__name__
+      raise optcore.StateDictError(f"expected a dict with a 'state' key, found {found}")
+    _, state = self.optimizer_def.restore_state(
+      None, self.state, {"target": None, "state": state_dict["state"]}
+    )
+    return eqx.tree_at(lambda o: o.state, self, state)
+
+  def shardings(
+    self,
+    model: PyTree,
+    model_specs: PyTree,
+    mesh: Mesh,
+    logical_axis_rules: Sequence[tuple[str, Any]] | None = None,
+  ) -> Optimizer:
+    """This optimizer's structure with a `NamedSharding` at every state array.
+
+    ``model_specs`` has the model's structure with a `PartitionSpec` (mesh
+    axes, or logical names mapped by ``logical_axis_rules``) at each
+    optimised leaf; other leaves may hold anything. Pass the result to
+    ``eqx.filter_shard`` or use `shard`.
+    """
+    params = self.params(model)
+    specs = _select(model_specs, params, check=False)
+    axes = optcore.partitioning.normalize_param_axes(params, specs)
+    state_axes = self.optimizer_def.derive_param_states_axes(self.state.param_states, params, axes)
+    state_axes = optcore.OptimizerState(jax.sharding.PartitionSpec(), state_axes)
+    axes_opt = eqx.tree_at(lambda o: o.state, self, state_axes)
+    return optcore.logical_to_mesh_sharding(axes_opt, mesh, logical_axis_rules)
+
+  def shard(
+    self,
+    model: PyTree,
+    model_specs: PyTree,
+    mesh: Mesh,
+    logical_axis_rules: Sequence[tuple[str, Any]] | None = None,
+  ) -> Optimizer:
+    """This optimizer with its state placed by `shardings` (``eqx.filter_shard``)."""
+    return eqx.filter_shard(self, self.shardings(model, model_specs, mesh, logical_axis_rules))
+
+
+def _select(tree: PyTree, params: PyTree, check: bool = True) -> PyTree:
+  """``tree`` (model-shaped) cut to the optimised leaves; with ``check``, a
+  gradient tree that lacks one names the path (`optcore.TreeMismatchError`)."""
+  keep = jax.tree.map(lambda p: p is not None, params, is_leaf=lambda x: x is None)
+  try:
+    selected = jax.tree.map(lambda k, x: x if k else None, keep, tree)
+  except (ValueError, TypeError):
+    if not check:
+      raise optcore.PartitionRuleError(
+        f"the specs do not have the model's structure; expected {jax.tree.structure(keep)}, "
+        f"found {jax.tree.structure(tree)}"
+      ) from None
+    selected = tree  # another structure: let the check name the first differing path
+  if check:
+    check_same_structure(params, selected, "grads")
+  return selected
