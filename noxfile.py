@@ -143,6 +143,7 @@ def bench(session: nox.Session) -> None:
   writes benchmarks/results/."""
   sync(session, None)
   session.run("python", "benchmarks/run.py", *session.posargs)
+  session.run("python", "benchmarks/equinox_step.py", *session.posargs)
   session.run("python", "benchmarks/state_memory.py", env=EIGHT_CPU_DEVICES)
 
 

@@ -82,6 +82,30 @@ def compiled_costs(jitted, *args) -> tuple[float, float]:
   return float(cost.get("bytes accessed", float("nan"))), float(peak)
 
 
+def time_interleaved(runners: dict, rounds: int, steps: int) -> dict[str, list[float]]:
+  """Seconds per step of each runner (one call runs ``steps`` steps), per round;
+  rounds run every runner once, in a shuffled order, after one warm-up call."""
+  for fn in runners.values():  # warm-up: compile and touch every buffer
+    fn()
+  times: dict[str, list[float]] = {k: [] for k in runners}
+  shuffle = random.Random(0).shuffle
+  for _ in range(rounds):
+    order = list(runners)
+    shuffle(order)  # no runner always goes first or always follows the same one
+    for key in order:
+      start = time.perf_counter()
+      runners[key]()
+      times[key].append((time.perf_counter() - start) / steps)
+  return times
+
+
+def median_ratio(times: dict, key: str, base: str = "raw") -> tuple[float, float, float]:
+  """Median and quartiles over rounds of (key / base) in the same round."""
+  ratios = [t / b for t, b in zip(times[key], times[base], strict=True)]
+  q1, _, q3 = statistics.quantiles(ratios, n=4)
+  return statistics.median(ratios), q1, q3
+
+
 def bench_one(name: str, total: int, leaves: int, rounds: int, steps: int) -> dict:
   factory = getattr(optax, name)
   lr = 1e-3
@@ -150,23 +174,8 @@ def bench_one(name: str, total: int, leaves: int, rounds: int, steps: int) -> di
     "optcore": run_ours,
     "optcore_override": run_ours_lr,
   }
-  for fn in runners.values():  # warm-up: compile and touch every buffer
-    fn()
-  times: dict[str, list[float]] = {k: [] for k in runners}
-  shuffle = random.Random(0).shuffle
-  for _ in range(rounds):
-    order = list(runners)
-    shuffle(order)  # no runner always goes first or always follows the same one
-    for key in order:
-      start = time.perf_counter()
-      runners[key]()
-      times[key].append((time.perf_counter() - start) / steps)
-
-  def ratio(key: str) -> tuple[float, float, float]:
-    """Median and quartiles over rounds of (key / raw optax) in the same round."""
-    ratios = [t / b for t, b in zip(times[key], times["raw"], strict=True)]
-    q1, _, q3 = statistics.quantiles(ratios, n=4)
-    return statistics.median(ratios), q1, q3
+  times = time_interleaved(runners, rounds, steps)
+  ratio = lambda key: median_ratio(times, key)
 
   return {
     "optimizer": name,
