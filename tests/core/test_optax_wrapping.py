@@ -367,3 +367,22 @@ def test_hyper_params_override_passes_through_jit_as_a_pytree():
   )
   assert_trees_equal(moved.target, expected.target)
   assert len(traces) == 1
+
+
+def test_fresh_optax_closures_with_the_same_config_are_one_definition():
+  same = [optcore.OptaxWrapper(optax.chain(optax.clip(1.0), optax.adam(1e-3))) for _ in range(2)]
+  assert same[0] == same[1] and hash(same[0]) == hash(same[1])
+  assert optcore.OptaxWrapper(optax.adam(1e-3)) != optcore.OptaxWrapper(optax.adam(2e-3))
+  assert optcore.OptaxWrapper(optax.adam(1e-3)) != optcore.OptaxWrapper(optax.adamw(1e-3))
+  traces = []
+
+  @jax.jit
+  def step(opt, grads):
+    traces.append(1)
+    return opt.apply_gradient(grads)
+
+  params = {"w": jnp.ones(3)}
+  for _ in range(3):  # a new closure each time, as code that rebuilds its optimizer makes
+    opt = optcore.OptaxWrapper(optax.adam(1e-3)).create(params)
+    step(opt, params)
+  assert len(traces) == 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import types
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -16,12 +18,14 @@ def is_numeric(value: Any) -> bool:
   return isinstance(value, (int, float, complex, np.ndarray, np.generic, jax.Array))
 
 
-def static_key(value: Any) -> Any:
+def static_key(value: Any, _seen: frozenset = frozenset()) -> Any:
   """A hashable stand-in for ``value`` that compares equal for equal configs.
 
   Definitions are static data of jitted pytrees, so jit compares and hashes
-  them: numbers compare by value, concrete arrays by their bytes, callables
-  (schedules, optax transformations) by identity.
+  them: numbers compare by value, concrete arrays by their bytes. Functions
+  compare by their code and what they close over, so two calls of
+  ``optax.adam(1e-3)`` (fresh closures) are the same configuration; anything
+  else that cannot be hashed compares by identity.
   """
   if value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
     return (type(value).__name__, value)
@@ -30,15 +34,35 @@ def static_key(value: Any) -> Any:
   if isinstance(value, (np.ndarray, np.generic, jax.Array)):
     a = np.asarray(value)
     return ("array", a.dtype.str, a.shape, a.tobytes())
-  if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
-    return (type(value).__name__, tuple(static_key(v) for v in value))
+  if id(value) in _seen:  # a closure that reaches itself
+    return ("cycle", id(value))
+  seen = _seen | {id(value)}
+  if isinstance(value, (list, tuple)):
+    return (type(value), tuple(static_key(v, seen) for v in value))
   if isinstance(value, Mapping):
-    return ("mapping", tuple(sorted((str(k), static_key(v)) for k, v in value.items())))
+    return ("mapping", tuple(sorted((str(k), static_key(v, seen)) for k, v in value.items())))
+  if isinstance(value, types.FunctionType):
+    return _function_key(value, seen)
+  if isinstance(value, functools.partial):
+    return ("partial", static_key((value.func, value.args, value.keywords), seen))
   try:
     hash(value)
   except TypeError:
     return ("id", id(value))
   return value
+
+
+def _function_key(fn: types.FunctionType, seen: frozenset) -> Any:
+  try:
+    cells = tuple(cell.cell_contents for cell in fn.__closure__ or ())
+  except ValueError:  # an empty cell: the closure is not finished being built
+    return ("id", id(fn))
+  return (
+    "function",
+    fn.__code__,
+    id(fn.__globals__),
+    static_key((fn.__defaults__, fn.__kwdefaults__, cells), seen),
+  )
 
 
 class HyperParams(Mapping[str, Any]):
