@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import types
 import warnings
 
 import jax
@@ -99,8 +100,16 @@ def test_wrapped_factories_keep_optax_signature_and_docstring():
   for name in optcore.OPTAX_ALIASES:
     original, wrapped = getattr(optax, name), getattr(optcore, name)
     assert inspect.signature(wrapped) == inspect.signature(original), name
+    if isinstance(wrapped, types.ModuleType):  # optcore.adafactor: T5X's module, callable
+      wrapped = wrapped.__wrapped__
     assert wrapped.__doc__ == original.__doc__, name
     assert wrapped.__name__ == name
+
+
+def test_optcore_adafactor_is_t5x_module_and_optax_alias():
+  assert optcore.adafactor.Adafactor.__module__ == "optcore._src.adafactor"
+  assert isinstance(optcore.adafactor(1e-3), optcore.OptaxWrapper)
+  from optcore.adafactor import Adafactor, FactorDim  # noqa: F401  (importable by name)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)

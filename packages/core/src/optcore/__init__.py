@@ -16,6 +16,7 @@ Example:
   1
 """
 
+import importlib as _importlib
 import sys as _sys
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _version
@@ -62,6 +63,11 @@ for _name in OPTAX_ALIASES:
   globals()[_name] = wrap_optax_optimizer(getattr(_optax, _name), name=_name)
 del _name
 
+# T5X's Adafactor module; callable, it stays optax's adafactor alias too. Imported by
+# name: `from optcore import adafactor` would return the alias function set above.
+adafactor = _importlib.import_module("optcore.adafactor")
+from optcore import legacy as legacy  # noqa: E402
+
 
 def __getattr__(name: str):
   """Points optax names that optcore does not wrap at the right place."""
@@ -96,9 +102,11 @@ __all__ = [
   "StateDictError",
   "TreeMismatchError",
   "chain",
+  "adafactor",
   "contrib",
   "derive_optax_logical_axes",
   "from_state_dict",
+  "legacy",
   "logical_to_mesh",
   "logical_to_mesh_axes",
   "logical_to_mesh_sharding",

@@ -1,0 +1,529 @@
+"""Adafactor as flax.optim (v0.5.3) and T5X wrote it: one implementation, each one's numerics.
+
+Each parameter's dimensions play a role (`FactorDim`): ROW and COLUMN
+dimensions are factored (``v_row`` averages the squared gradient over the
+COLUMN dimensions, ``v_col`` over the ROW ones), BATCH dimensions (scanned
+layers) are kept apart in every statistic, NONE dimensions are not factored.
+Without rules the roles come from the size heuristic of flax.optim and optax:
+the largest dimension is the COLUMN, the second largest the ROW. T5X adds
+rules from logical axis names (`Adafactor.set_param_axes`), per-path rules
+(`HParamMap`), global-norm clipping, a bound on the parameter scale, decoupled
+weight decay scaled by a power of the learning rate, and NaN skipping.
+
+The step-offset NaN of both originals is fixed: below ``step_offset`` the
+decay exponent's base is clamped to 1, so the decay is 0 and the second
+moment is the current squared gradient (a fresh start) until the offset.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec
+
+from optcore._src import paths
+from optcore._src.base import OptimizerDef, OptimizerState
+from optcore._src.hyper_params import HyperParams
+from optcore._src.legacy import param_state
+
+PyTree = Any
+
+
+class FactorDim(enum.Enum):
+  """The role of one dimension of a parameter in Adafactor's factoring."""
+
+  NONE = None
+  BATCH = 1
+  ROW = 2
+  COLUMN = 3
+
+
+#: The factor_map value meaning "decide by the size heuristic".
+HEURISTIC_RULE = "heuristic"
+
+_FACTOR_NAMES = {
+  "none": FactorDim.NONE,
+  "unfactorized": FactorDim.NONE,
+  "batch": FactorDim.BATCH,
+  "row": FactorDim.ROW,
+  "col": FactorDim.COLUMN,
+  "column": FactorDim.COLUMN,
+}
+
+
+def factor_name_to_factordim(name: Any) -> FactorDim:
+  """A FactorDim from itself or its name ('row', 'col', 'column', 'batch', 'none')."""
+  if isinstance(name, FactorDim):
+    return name
+  if isinstance(name, str) and name.lower() in _FACTOR_NAMES:
+    return _FACTOR_NAMES[name.lower()]
+  raise ValueError(
+    f"{name!r} is not a factor dimension; use a FactorDim or one of {sorted(_FACTOR_NAMES)}"
+  )
+
+
+def standard_logical_factor_rules(rules: Mapping[str, Any] | None = None) -> dict[str, FactorDim]:
+  """T5X's table from logical axis names to factor roles, updated with ``rules``.
+
+  Example:
+    >>> from optcore.adafactor import standard_logical_factor_rules, FactorDim
+    >>> table = standard_logical_factor_rules({'vocab': 'row'})
+    >>> table['embed'], table['vocab'], table['layers']
+    (<FactorDim.ROW: 2>, <FactorDim.ROW: 2>, <FactorDim.BATCH: 1>)
+  """
+  column = (
+    "vocab mlp heads kv joined_kv q_wi_fused o_wo_fused kv_fused multiquery_heads mlp_activations"
+  ).split()
+  table = {name: FactorDim.COLUMN for name in column}
+  table.update(embed=FactorDim.ROW, layers=FactorDim.BATCH, stack=FactorDim.BATCH)
+  table.update(relpos_buckets=FactorDim.NONE, layer_norm_scale=FactorDim.NONE)
+  table.update({k: factor_name_to_factordim(v) for k, v in (rules or {}).items()})
+  return table
+
+
+class HParamMap:
+  """A value per parameter path: the first rule whose regex is found
+  (``re.search``) in the '/'-joined path wins; no match is a KeyError.
+
+  Example:
+    >>> from optcore.adafactor import HParamMap
+    >>> scale = HParamMap([(r'embedding', False), (r'.*', True)])
+    >>> scale['decoder/embedding'], scale('decoder/mlp/wi/kernel')
+    (False, True)
+  """
+
+  def __init__(self, rules: Sequence[tuple[str, Any]]):
+    self.rules = tuple((pattern, value) for pattern, value in rules)
+    self._compiled = [(re.compile(pattern), value) for pattern, value in self.rules]
+
+  def __getitem__(self, path: str) -> Any:
+    for regex, value in self._compiled:
+      if regex.search(path):
+        return value
+    raise KeyError(f"no rule in this HParamMap matches the parameter {path!r}")
+
+  def __call__(self, path: str) -> Any:
+    return self[path]
+
+  def __eq__(self, other: object) -> bool:
+    return isinstance(other, HParamMap) and other.rules == self.rules
+
+  def __hash__(self) -> int:
+    return hash(("HParamMap", tuple((p, _hashable(v)) for p, v in self.rules)))
+
+  def __repr__(self) -> str:
+    return f"HParamMap({list(self.rules)!r})"
+
+
+def _hashable(value: Any) -> Any:
+  return tuple(value) if isinstance(value, list) else value
+
+
+@param_state
+class _AdafactorParamState:
+  v_row: jax.Array
+  v_col: jax.Array
+  v: jax.Array
+  m: jax.Array
+
+
+_UNUSED = (1,)  # flax.optim and T5X keep unused accumulators as float32 zeros((1,))
+
+
+class _Roles:
+  """The dimensions of one parameter by role; ``factored`` when ROW and COLUMN exist."""
+
+  def __init__(self, ndim: int, batch=(), rows=(), cols=()):
+    self.ndim = ndim
+    self.batch, self.rows, self.cols = tuple(batch), tuple(rows), tuple(cols)
+    self.factored = bool(self.rows) and bool(self.cols)
+    self.non_batch = tuple(d for d in range(ndim) if d not in self.batch)
+
+  def kept(self, dropped: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(d for d in range(self.ndim) if d not in dropped)
+
+
+class AdafactorBase(OptimizerDef):
+  """The shared implementation; use `optcore.legacy.Adafactor` (flax.optim) or
+  `optcore.adafactor.Adafactor` (T5X)."""
+
+  _t5x_numerics = True  # the momentum is read back as float32 before the update
+
+  def __init__(
+    self,
+    learning_rate: float | None = None,
+    factored: bool = True,
+    multiply_by_parameter_scale: bool | HParamMap = True,
+    beta1: float | None = None,
+    decay_rate: float = 0.8,
+    step_offset: int = 0,
+    clipping_threshold: float | None = 1.0,
+    weight_decay_rate: float | None = None,
+    min_dim_size_to_factor: int = 128,
+    epsilon1: float = 1e-30,
+    epsilon2: float = 1e-3,
+    dtype_momentum: Any = jnp.float32,
+    factor_map: HParamMap | None = None,
+    logical_factor_rules: Mapping[str, Any] | None = None,
+    weight_decay_rate_lr_exponent: float | None = None,
+    global_norm_clip_threshold: float | None = None,
+    max_parameter_scale: float | None = None,
+    skip_nan_updates: bool = False,
+  ):
+    super().__init__(
+      HyperParams(
+        learning_rate=learning_rate,
+        factored=factored,
+        multiply_by_parameter_scale=multiply_by_parameter_scale,
+        beta1=beta1,
+        decay_rate=decay_rate,
+        step_offset=step_offset,
+        clipping_threshold=clipping_threshold,
+        weight_decay_rate=weight_decay_rate,
+        min_dim_size_to_factor=min_dim_size_to_factor,
+        epsilon1=epsilon1,
+        epsilon2=epsilon2,
+        factor_map=factor_map,
+        logical_factor_rules=logical_factor_rules,
+        weight_decay_rate_lr_exponent=weight_decay_rate_lr_exponent,
+        global_norm_clip_threshold=global_norm_clip_threshold,
+        max_parameter_scale=max_parameter_scale,
+        skip_nan_updates=skip_nan_updates,
+      )
+    )
+    self.dtype_momentum = jnp.dtype(dtype_momentum)
+
+  # Factoring roles.
+
+  def _roles(self, path: str, shape: tuple[int, ...]) -> _Roles:
+    hp = self.hyper_params  # the state's layout: the constructor decides
+    rule = HEURISTIC_RULE if hp.factor_map is None else hp.factor_map[path]
+    if rule == HEURISTIC_RULE:
+      if hp.factor_map is not None and len(shape) > 2:
+        raise ValueError(
+          f"Adafactor: the parameter {path!r} of shape {shape} has rank > 2 and needs an "
+          "explicit factor rule (a tuple of FactorDim per dimension) in factor_map, or logical "
+          "axes through set_param_axes."
+        )
+      if not hp.factored or len(shape) < 2:
+        return _Roles(len(shape))
+      order = np.argsort(np.asarray(shape))
+      if shape[order[-2]] < hp.min_dim_size_to_factor:
+        return _Roles(len(shape))
+      return _Roles(len(shape), rows=(int(order[-2]),), cols=(int(order[-1]),))
+    rule = tuple(factor_name_to_factordim(r) for r in rule)
+    if len(rule) != len(shape):
+      raise ValueError(
+        f"Adafactor: the factor rule {rule} for {path!r} has {len(rule)} entries; the "
+        f"parameter has shape {shape}."
+      )
+    dims = lambda role: tuple(i for i, r in enumerate(rule) if r is role)
+    batch = dims(FactorDim.BATCH)
+    if not hp.factored:
+      return _Roles(len(shape), batch=batch)
+    return _Roles(len(shape), batch, dims(FactorDim.ROW), dims(FactorDim.COLUMN))
+
+  def set_param_axes(self, param_logical_axes: PyTree) -> None:
+    """Derives ``factor_map`` from the parameters' logical axis names (T5X).
+
+    Each name maps to a role through ``logical_factor_rules`` (default:
+    `standard_logical_factor_rules`). ROW, COLUMN and NONE in one parameter
+    raise ValueError; an unknown or None name raises KeyError; a parameter of
+    rank <= 2 without BATCH keeps the size heuristic. Changes this definition
+    in place, as T5X does: call it before `create`.
+    """
+    table = standard_logical_factor_rules()
+    table.update(
+      {
+        k: factor_name_to_factordim(v)
+        for k, v in (self.hyper_params.logical_factor_rules or {}).items()
+      }
+    )
+    is_spec = lambda x: x is None or isinstance(x, (PartitionSpec, tuple))
+    rules = []
+    for keys, axes in jax.tree_util.tree_flatten_with_path(param_logical_axes, is_leaf=is_spec)[0]:
+      path = t5x_path(keys)
+      if axes is None:
+        raise KeyError(f"Adafactor.set_param_axes: the parameter {path!r} has no logical axes")
+      names = tuple(axes)
+      unknown = [n for n in names if n not in table]
+      if unknown:
+        raise KeyError(
+          f"Adafactor.set_param_axes: no factor rule for the logical axes {unknown} of {path!r}; "
+          "add them to logical_factor_rules, e.g. {'my_axis': FactorDim.COLUMN}."
+        )
+      rule = tuple(table[n] for n in names)
+      if {FactorDim.ROW, FactorDim.COLUMN, FactorDim.NONE} <= set(rule):
+        raise ValueError(
+          f"Adafactor.set_param_axes: {path!r} has axes {names} with roles "
+          f"{[r.name for r in rule]}: ROW, COLUMN and NONE cannot be combined in one parameter."
+        )
+      if len(rule) <= 2 and FactorDim.BATCH not in rule:
+        rule = HEURISTIC_RULE
+      rules.append((f"^{re.escape(path)}$", rule))
+    self.hyper_params = self.hyper_params.replace(factor_map=HParamMap(rules))
+    self.__dict__.pop("_key_cache", None)  # the definition changed
+
+  # State.
+
+  def init_state(self, params: PyTree) -> OptimizerState:
+    keyed, treedef = jax.tree_util.tree_flatten_with_path(params)
+    states = [self._init_param(t5x_path(keys), p) for keys, p in keyed]
+    return OptimizerState(jnp.asarray(0, jnp.int32), treedef.unflatten(states))
+
+  def _init_param(self, path: str, param: jax.Array) -> _AdafactorParamState:
+    roles = self._roles(path, tuple(param.shape))
+    unused = jnp.zeros(_UNUSED, jnp.float32)
+    shape = np.shape(param)
+    if roles.factored:
+      v_row = jnp.zeros([shape[d] for d in roles.kept(roles.cols)], jnp.float32)
+      v_col = jnp.zeros([shape[d] for d in roles.kept(roles.rows)], jnp.float32)
+      v = unused
+    else:
+      v_row, v_col, v = unused, unused, jnp.zeros(shape, jnp.float32)
+    m = unused if self.hyper_params.beta1 is None else jnp.zeros(shape, self.dtype_momentum)
+    return _AdafactorParamState(v_row, v_col, v, m)
+
+  # Update.
+
+  def apply_gradient(self, hyper_params, params, state, grads, **extra_args):
+    if extra_args:
+      raise TypeError(f"Adafactor takes no extra update arguments; got {sorted(extra_args)}")
+    keyed, treedef = jax.tree_util.tree_flatten_with_path(params)
+    grads_flat = treedef.flatten_up_to(grads)
+    states_flat = treedef.flatten_up_to(state.param_states)
+    threshold = hyper_params.global_norm_clip_threshold
+    if threshold is not None:
+      norm = jnp.sqrt(sum(jnp.sum(jnp.square(g.astype(jnp.float32))) for g in grads_flat))
+      scale = jnp.minimum(1.0, threshold / norm)
+      grads_flat = [g * scale.astype(g.dtype) for g in grads_flat]
+    out = [
+      self._apply_param(state.step, hyper_params, t5x_path(keys), p, s, g)
+      for (keys, p), s, g in zip(keyed, states_flat, grads_flat, strict=True)
+    ]
+    return (
+      treedef.unflatten([p for p, _ in out]),
+      OptimizerState(state.step + 1, treedef.unflatten([s for _, s in out])),
+    )
+
+  def _apply_param(self, step, hp, path, param, state, grad):
+    roles = self._roles(path, tuple(param.shape))
+    # Clamped: below step_offset the base would be negative (NaN in the originals).
+    t = jnp.maximum(jnp.asarray(step - hp.step_offset, jnp.float32), 0.0) + 1.0
+    decay = 1.0 - t ** (-hp.decay_rate)
+    mixing = 1.0 - decay
+    scale_by_param = hp.multiply_by_parameter_scale
+    if isinstance(scale_by_param, HParamMap):
+      scale_by_param = scale_by_param[path]
+    update_scale = hp.learning_rate
+    if scale_by_param:
+      rms = jnp.sqrt(jnp.mean(param * param, axis=roles.non_batch, keepdims=True))
+      param_scale = jnp.maximum(rms, hp.epsilon2)
+      if hp.max_parameter_scale is not None:
+        param_scale = jnp.minimum(param_scale, hp.max_parameter_scale)
+      update_scale = update_scale * param_scale
+
+    unused = jnp.zeros(_UNUSED, jnp.float32)
+    grad_sqr = grad * grad + hp.epsilon1
+    if roles.factored:
+      v_row = decay * state.v_row + mixing * jnp.mean(grad_sqr, axis=roles.cols)
+      v_col = decay * state.v_col + mixing * jnp.mean(grad_sqr, axis=roles.rows)
+      v_row_full = jnp.expand_dims(v_row, roles.cols)
+      v_col_full = jnp.expand_dims(v_col, roles.rows)
+      row_col_mean = jnp.mean(v_row_full, axis=roles.rows, keepdims=True)
+      row_factor = (v_row_full / row_col_mean) ** -0.5
+      col_factor = v_col_full**-0.5
+      y = grad * row_factor * col_factor
+      new_v = unused
+    else:
+      new_v = decay * state.v + mixing * grad_sqr
+      v_row, v_col = unused, unused
+      y = grad * new_v**-0.5
+
+    if hp.clipping_threshold is not None:
+      rms_y = jnp.sqrt(jnp.mean(y * y, axis=roles.non_batch, keepdims=True))
+      y = y / jnp.maximum(1.0, rms_y / hp.clipping_threshold)
+
+    subtrahend = update_scale * y
+    new_m = unused
+    if self.hyper_params.beta1 is not None:
+      m = state.m.astype(jnp.float32) if self._t5x_numerics else state.m
+      subtrahend = hp.beta1 * m + (1.0 - hp.beta1) * subtrahend
+      new_m = subtrahend.astype(self.dtype_momentum)
+
+    weight_decay = hp.weight_decay_rate
+    if hp.weight_decay_rate_lr_exponent is not None:
+      weight_decay = (1.0 if weight_decay is None else weight_decay) * (
+        hp.learning_rate**hp.weight_decay_rate_lr_exponent
+      )
+    if weight_decay is not None:
+      new_param = (1.0 - weight_decay) * param - subtrahend
+    else:
+      new_param = param - subtrahend
+    new_state = _AdafactorParamState(v_row, v_col, new_v, new_m)
+    if hp.skip_nan_updates:
+      keep = lambda new, old: jnp.where(jnp.isnan(new), old, new)
+      new_param = keep(new_param, param)
+      new_state = jax.tree.map(keep, new_state, state)
+    return new_param.astype(param.dtype), new_state
+
+  # Partitioning: the accumulators keep the axes their reduction spares.
+
+  def derive_param_states_axes(self, param_states, params, params_axes):
+    keyed, treedef = jax.tree_util.tree_flatten_with_path(params)
+    specs = treedef.flatten_up_to(params_axes)
+    out = []
+    for (keys, param), spec in zip(keyed, specs, strict=True):
+      roles = self._roles(t5x_path(keys), tuple(param.shape))
+      unused = PartitionSpec(None)
+      pick = lambda dims: PartitionSpec(*(spec[d] for d in dims))  # noqa: B023
+      if roles.factored:
+        v_row, v_col, v = pick(roles.kept(roles.cols)), pick(roles.kept(roles.rows)), unused
+      else:
+        v_row, v_col, v = unused, unused, spec
+      m = unused if self.hyper_params.beta1 is None else spec
+      out.append(_AdafactorParamState(v_row, v_col, v, m))
+    return treedef.unflatten(out)
+
+  def _static_key(self) -> tuple:
+    return (*super()._static_key(), self.dtype_momentum)
+
+
+def t5x_path(keys: Sequence[Any]) -> str:
+  """T5X's parameter path: the '/'-joined names, without a leading slash."""
+  return paths.path_str(keys)[1:]
+
+
+class Adafactor(AdafactorBase):
+  """T5X's Adafactor (``t5x.adafactor.Adafactor``), every argument included.
+
+  Args:
+    learning_rate: the step size (overridable per step).
+    factored: whether to factor the second moment.
+    multiply_by_parameter_scale: scale the step by the parameter's RMS; a
+      bool or an `HParamMap` per path.
+    beta1: momentum coefficient, None for none.
+    decay_rate: second-moment decay exponent: ``decay = 1 - t^-decay_rate``.
+    step_offset: steps before the decay schedule starts (see the module).
+    clipping_threshold: the update's RMS bound, None for none.
+    weight_decay_rate: decoupled weight decay ``p <- (1 - rate) p``.
+    min_dim_size_to_factor: the size heuristic's threshold.
+    epsilon1, epsilon2: the squared-gradient and parameter-scale floors.
+    dtype_momentum: the momentum's storage dtype.
+    factor_map: an `HParamMap` from paths to a tuple of `FactorDim` per
+      dimension or `HEURISTIC_RULE`.
+    logical_factor_rules: updates to `standard_logical_factor_rules` for
+      `set_param_axes`.
+    weight_decay_rate_lr_exponent: weight decay ``(rate or 1) * lr**exponent``.
+    global_norm_clip_threshold: scale all gradients by ``min(1, thr/|g|)``.
+    max_parameter_scale: upper bound of the parameter scale.
+    skip_nan_updates: keep the old value wherever the new one is NaN.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from jax.sharding import PartitionSpec as P
+    >>> from optcore.adafactor import Adafactor
+    >>> opt_def = Adafactor(1e-2)
+    >>> params = {'layers': {'kernel': jnp.ones((2, 8, 4))}}  # scanned: (layers, embed, mlp)
+    >>> opt_def.set_param_axes({'layers': {'kernel': P('layers', 'embed', 'mlp')}})
+    >>> state = opt_def.create(params).state.param_states['layers']['kernel']
+    >>> state.v_row.shape, state.v_col.shape
+    ((2, 8), (2, 4))
+  """
+
+  def __init__(
+    self,
+    learning_rate: float | None = None,
+    factored: bool = True,
+    multiply_by_parameter_scale: bool | HParamMap = True,
+    beta1: float | None = None,
+    decay_rate: float = 0.8,
+    step_offset: int = 0,
+    clipping_threshold: float | None = 1.0,
+    weight_decay_rate: float | None = None,
+    min_dim_size_to_factor: int = 128,
+    epsilon1: float = 1e-30,
+    epsilon2: float = 1e-3,
+    dtype_momentum: Any = jnp.float32,
+    factor_map: HParamMap | None = None,
+    logical_factor_rules: Mapping[str, Any] | None = None,
+    weight_decay_rate_lr_exponent: float | None = None,
+    global_norm_clip_threshold: float | None = None,
+    max_parameter_scale: float | None = None,
+    skip_nan_updates: bool = False,
+  ):
+    super().__init__(
+      learning_rate,
+      factored,
+      multiply_by_parameter_scale,
+      beta1,
+      decay_rate,
+      step_offset,
+      clipping_threshold,
+      weight_decay_rate,
+      min_dim_size_to_factor,
+      epsilon1,
+      epsilon2,
+      dtype_momentum,
+      factor_map,
+      logical_factor_rules,
+      weight_decay_rate_lr_exponent,
+      global_norm_clip_threshold,
+      max_parameter_scale,
+      skip_nan_updates,
+    )
+
+
+class LegacyAdafactor(AdafactorBase):
+  """flax.optim's Adafactor (v0.5.3): the size heuristic only, and the
+  momentum multiplied in its storage dtype, as flax.optim did.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from optcore import legacy
+    >>> opt = legacy.Adafactor(0.1, min_dim_size_to_factor=2).create({'w': jnp.ones((3, 4))})
+    >>> s = opt.state.param_states['w']
+    >>> s.v_row.shape, s.v_col.shape, s.v.shape
+    ((3,), (4,), (1,))
+  """
+
+  _t5x_numerics = False
+
+  def __init__(
+    self,
+    learning_rate: float | None = None,
+    factored: bool = True,
+    multiply_by_parameter_scale: bool = True,
+    beta1: float | None = None,
+    decay_rate: float = 0.8,
+    step_offset: int = 0,
+    clipping_threshold: float | None = 1.0,
+    weight_decay_rate: float | None = None,
+    min_dim_size_to_factor: int = 128,
+    epsilon1: float = 1e-30,
+    epsilon2: float = 1e-3,
+    dtype_momentum: Any = jnp.float32,
+  ):
+    super().__init__(
+      learning_rate,
+      factored,
+      multiply_by_parameter_scale,
+      beta1,
+      decay_rate,
+      step_offset,
+      clipping_threshold,
+      weight_decay_rate,
+      min_dim_size_to_factor,
+      epsilon1,
+      epsilon2,
+      dtype_momentum,
+    )
+
+
+LegacyAdafactor.__name__ = LegacyAdafactor.__qualname__ = "Adafactor"

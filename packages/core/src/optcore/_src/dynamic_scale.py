@@ -1,0 +1,93 @@
+"""flax.optim's DynamicScale (v0.5.3): loss scaling for low-precision training."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+
+class DynamicScaleResult(NamedTuple):
+  dynamic_scale: DynamicScale
+  finite: jax.Array
+  aux: Any
+  grad: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class DynamicScale:
+  """Scales the loss up before differentiating and the gradient back down,
+  adjusting the scale as gradients stay finite or overflow (flax v0.5.3).
+
+  When the gradients are finite, ``fin_steps`` counts up and, once it equals
+  ``growth_interval`` (checked before counting), the scale grows by
+  ``growth_factor`` and ``fin_steps`` restarts at 0; when they are not, the
+  scale shrinks by ``backoff_factor`` and ``fin_steps`` restarts at 0.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from optcore.legacy import DynamicScale
+    >>> grad_fn = DynamicScale(scale=2.0**10).value_and_grad(lambda w: jnp.sum(w ** 2))
+    >>> dyn_scale, is_finite, loss, grad = grad_fn(jnp.ones(2))
+    >>> bool(is_finite), float(loss), grad, int(dyn_scale.fin_steps)
+    (True, 2.0, Array([2., 2.], dtype=float32), 1)
+  """
+
+  growth_factor: float = 2.0
+  backoff_factor: float = 0.5
+  growth_interval: int = 2000
+  fin_steps: Any = 0
+  scale: Any = 65536.0
+
+  def replace(self, **changes: Any) -> DynamicScale:
+    return dataclasses.replace(self, **changes)
+
+  def value_and_grad(
+    self,
+    fun: Callable[..., Any],
+    argnums: int | tuple[int, ...] = 0,
+    has_aux: bool = False,
+    axis_name: str | None = None,
+  ) -> Callable[..., DynamicScaleResult]:
+    """``fun``'s value and gradient, computed on the scaled loss.
+
+    Returns a function giving ``(new_dynamic_scale, finite, aux, grad)``,
+    where ``aux`` is ``fun``'s output (the loss, or ``(loss, aux)`` with
+    ``has_aux``). Gradients are averaged over ``axis_name`` under pmap.
+    """
+
+    def scaled(*args):
+      out = fun(*args)
+      loss = out[0] if has_aux else out
+      return self.scale * loss, out
+
+    grad_fn = jax.value_and_grad(scaled, argnums=argnums, has_aux=True)
+
+    def wrapped(*args) -> DynamicScaleResult:
+      (_, aux), grad = grad_fn(*args)
+      if axis_name is not None:
+        grad = lax.pmean(grad, axis_name)
+      grad = jax.tree.map(lambda g: g / self.scale, grad)
+      finite = jnp.asarray(True)
+      for g in jax.tree.leaves(grad):
+        finite = finite & jnp.all(lax.is_finite(g))
+      grow = self.fin_steps == self.growth_interval
+      grown = jnp.where(grow, self.scale * self.growth_factor, self.scale)
+      new_scale = jnp.where(finite, grown, self.scale * self.backoff_factor)
+      new_fin_steps = jnp.where(grow | ~finite, 0, self.fin_steps + 1)
+      return DynamicScaleResult(
+        self.replace(fin_steps=new_fin_steps, scale=new_scale), finite, aux, grad
+      )
+
+    return wrapped
+
+
+jax.tree_util.register_dataclass(
+  DynamicScale,
+  data_fields=["fin_steps", "scale"],
+  meta_fields=["growth_factor", "backoff_factor", "growth_interval"],
+)

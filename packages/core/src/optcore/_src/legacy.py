@@ -1,0 +1,404 @@
+"""flax.optim's algorithms (v0.5.3) with their original numerics and state.
+
+Each is a per-parameter `OptimizerDef` with flax.optim's name, arguments,
+defaults and state field names, so checkpoints written by flax.optim restore
+and tuned hyper-parameters mean what they meant. ``step`` counts the updates
+before this one; ``t = step + 1`` is computed in the parameter's dtype.
+Numeric hyper-parameters may be overridden at apply time, traced or not;
+flags that shape the state (RMSProp's ``centered``) are read from the
+constructor, and ``nesterov`` is a Python bool.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from optcore._src.base import OptimizerDef
+from optcore._src.hyper_params import HyperParams
+
+PyTree = Any
+
+
+def param_state(cls: type) -> type:
+  """A frozen dataclass registered as a pytree: its fields are the state dict keys."""
+  cls = dataclasses.dataclass(frozen=True)(cls)
+  names = [f.name for f in dataclasses.fields(cls)]
+  jax.tree_util.register_dataclass(cls, data_fields=names, meta_fields=[])
+  return cls
+
+
+@param_state
+class _MomentumParamState:
+  momentum: jax.Array
+
+
+@param_state
+class _AdamParamState:
+  grad_ema: jax.Array
+  grad_sq_ema: jax.Array
+
+
+@param_state
+class _AdagradParamState:
+  G: jax.Array
+
+
+@param_state
+class _RMSPropParamState:
+  v: jax.Array
+  mg: jax.Array | None
+
+
+@param_state
+class _AdadeltaParamState:
+  sq_avg: jax.Array
+  acc_delta: jax.Array
+
+
+def _bias_correction(beta: Any, step: jax.Array, dtype: Any) -> jax.Array:
+  t = jnp.asarray(step + 1, dtype)
+  return 1 - beta**t
+
+
+class GradientDescent(OptimizerDef):
+  """flax.optim's gradient descent: ``p <- p - lr g``; no state.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from optcore import legacy
+    >>> opt = legacy.GradientDescent(0.5).create({'w': jnp.ones(2)})
+    >>> opt.apply_gradient({'w': jnp.ones(2)}).target['w']
+    Array([0.5, 0.5], dtype=float32)
+  """
+
+  def __init__(self, learning_rate: float | None = None):
+    super().__init__(HyperParams(learning_rate=learning_rate))
+
+  def init_param_state(self, param):
+    return ()
+
+  def apply_param_gradient(self, step, hyper_params, param, state, grad):
+    del step
+    return param - hyper_params.learning_rate * grad, state
+
+
+class Momentum(OptimizerDef):
+  """flax.optim's momentum: ``g <- g + wd p; m <- beta m + g``; the step is
+  ``g + beta m`` with nesterov, else ``m``; ``p <- p - lr step``.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from optcore import legacy
+    >>> opt = legacy.Momentum(0.1, beta=0.9).create({'w': jnp.ones(2)})
+    >>> opt = opt.apply_gradient({'w': jnp.ones(2)}).apply_gradient({'w': jnp.ones(2)})
+    >>> opt.target['w'], opt.state.param_states['w'].momentum
+    (Array([0.71, 0.71], dtype=float32), Array([1.9, 1.9], dtype=float32))
+  """
+
+  def __init__(
+    self,
+    learning_rate: float | None = None,
+    beta: float = 0.9,
+    weight_decay: float = 0,
+    nesterov: bool = False,
+  ):
+    super().__init__(
+      HyperParams(
+        learning_rate=learning_rate, beta=beta, weight_decay=weight_decay, nesterov=nesterov
+      )
+    )
+
+  def init_param_state(self, param):
+    return _MomentumParamState(jnp.zeros_like(param))
+
+  def apply_param_gradient(self, step, hyper_params, param, state, grad):
+    del step
+    grad = grad + hyper_params.weight_decay * param
+    momentum = hyper_params.beta * state.momentum + grad
+    direction = grad + hyper_params.beta * momentum if hyper_params.nesterov else momentum
+    return param - hyper_params.learning_rate * direction, _MomentumParamState(momentum)
+
+
+class Adam(OptimizerDef):
+  """flax.optim's Adam, whose weight decay is scaled by the learning rate and
+  applied to the old parameters: ``p <- p - lr m^/(sqrt(v^)+eps) - lr wd p``.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from optcore import legacy
+    >>> opt = legacy.Adam(0.1, weight_decay=0.5).create({'w': jnp.ones(1)})
+    >>> round(float(opt.apply_gradient({'w': jnp.ones(1)}).target['w'][0]), 5)
+    0.85
+  """
+
+  def __init__(
+    self,
+    learning_rate: float | None = None,
+    beta1: float = 0.9,
+    beta2: float = 0.999,
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
+  ):
+    super().__init__(
+      HyperParams(
+        learning_rate=learning_rate, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay
+      )
+    )
+
+  def init_param_state(self, param):
+    return _AdamParamState(jnp.zeros_like(param), jnp.zeros_like(param))
+
+  def apply_param_gradient(self, step, hyper_params, param, state, grad):
+    hp = hyper_params
+    grad_ema = hp.beta1 * state.grad_ema + (1 - hp.beta1) * grad
+    grad_sq_ema = hp.beta2 * state.grad_sq_ema + (1 - hp.beta2) * jnp.square(grad)
+    grad_ema_corr = grad_ema / _bias_correction(hp.beta1, step, param.dtype)
+    grad_sq_ema_corr = grad_sq_ema / _bias_correction(hp.beta2, step, param.dtype)
+    denom = jnp.sqrt(grad_sq_ema_corr) + hp.eps
+    new_param = param - hp.learning_rate * grad_ema_corr / denom
+    new_param = new_param - hp.learning_rate * hp.weight_decay * param
+    return new_param, _AdamParamState(grad_ema, grad_sq_ema)
+
+
+class AdaBelief(OptimizerDef):
+  """flax.optim's AdaBelief: ``s <- b2 s + (1-b2)(g - m)^2 + eps`` (eps stored
+  in the state), then Adam's step with ``sqrt(s^) + eps``; weight decay as Adam's.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from optcore import legacy
+    >>> opt = legacy.AdaBelief(0.1).create({'w': jnp.ones(1)})
+    >>> sorted(opt.state_dict()['state']['param_states']['w'])
+    ['grad_ema', 'grad_sq_ema']
+  """
+
+  def __init__(
+    self,
+    learning_rate: float | None = None,
+    beta1: float = 0.9,
+    beta2: float = 0.999,
+    eps: float = 1e-16,
+    weight_decay: float = 0.0,
+  ):
+    super().__init__(
+      HyperParams(
+        learning_rate=learning_rate, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay
+      )
+    )
+
+  def init_param_state(self, param):
+    return _AdamParamState(jnp.zeros_like(param), jnp.zeros_like(param))
+
+  def apply_param_gradient(self, step, hyper_params, param, state, grad):
+    hp = hyper_params
+    grad_ema = hp.beta1 * state.grad_ema + (1 - hp.beta1) * grad
+    grad_dev = grad - grad_ema
+    grad_sq_ema = hp.beta2 * state.grad_sq_ema + (1 - hp.beta2) * jnp.square(grad_dev) + hp.eps
+    grad_ema_corr = grad_ema / _bias_correction(hp.beta1, step, param.dtype)
+    grad_sq_ema_corr = grad_sq_ema / _bias_correction(hp.beta2, step, param.dtype)
+    denom = jnp.sqrt(grad_sq_ema_corr) + hp.eps
+    new_param = param - hp.learning_rate * grad_ema_corr / denom
+    new_param = new_param - hp.learning_rate * hp.weight_decay * param
+    return new_param, _AdamParamState(grad_ema, grad_sq_ema)
+
+
+class Adadelta(OptimizerDef):
+  """flax.optim's Adadelta: ``a <- rho a + (1-rho) g^2``,
+  ``d = sqrt(x + eps)/sqrt(a + eps) g``, ``x <- rho x + (1-rho) d^2``,
+  ``p <- p - lr d - lr wd p``.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from optcore import legacy
+    >>> opt = legacy.Adadelta(1.0).create({'w': jnp.ones(1)})
+    >>> sorted(opt.state_dict()['state']['param_states']['w'])
+    ['acc_delta', 'sq_avg']
+  """
+
+  def __init__(
+    self,
+    learning_rate: float | None = None,
+    rho: float = 0.9,
+    eps: float = 1e-6,
+    weight_decay: float = 0.0,
+  ):
+    super().__init__(
+      HyperParams(learning_rate=learning_rate, rho=rho, eps=eps, weight_decay=weight_decay)
+    )
+
+  def init_param_state(self, param):
+    return _AdadeltaParamState(jnp.zeros_like(param), jnp.zeros_like(param))
+
+  def apply_param_gradient(self, step, hyper_params, param, state, grad):
+    del step
+    hp = hyper_params
+    sq_avg = hp.rho * state.sq_avg + (1 - hp.rho) * jnp.square(grad)
+    delta = jnp.sqrt(state.acc_delta + hp.eps) / jnp.sqrt(sq_avg + hp.eps) * grad
+    acc_delta = hp.rho * state.acc_delta + (1 - hp.rho) * jnp.square(delta)
+    new_param = param - hp.learning_rate * delta
+    new_param = new_param - hp.learning_rate * hp.weight_decay * param
+    return new_param, _AdadeltaParamState(sq_avg, acc_delta)
+
+
+class Adagrad(OptimizerDef):
+  """flax.optim's Adagrad: ``G <- G + g^2; p <- p - lr g/(sqrt(G) + eps)``.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from optcore import legacy
+    >>> opt = legacy.Adagrad(0.1).create({'w': jnp.ones(1)})
+    >>> opt.apply_gradient({'w': 2 * jnp.ones(1)}).state.param_states['w'].G
+    Array([4.], dtype=float32)
+  """
+
+  def __init__(self, learning_rate: float | None = None, eps: float = 1e-8):
+    super().__init__(HyperParams(learning_rate=learning_rate, eps=eps))
+
+  def init_param_state(self, param):
+    return _AdagradParamState(jnp.zeros_like(param))
+
+  def apply_param_gradient(self, step, hyper_params, param, state, grad):
+    del step
+    G = state.G + jnp.square(grad)
+    new_param = param - hyper_params.learning_rate * grad / (jnp.sqrt(G) + hyper_params.eps)
+    return new_param, _AdagradParamState(G)
+
+
+class RMSProp(OptimizerDef):
+  """flax.optim's RMSProp: ``v <- b2 v + (1-b2) g^2``; centered also tracks
+  ``mg`` and uses ``v - mg^2``; ``p <- p - lr g/(sqrt(v) + eps)``; no momentum.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from optcore import legacy
+    >>> opt = legacy.RMSProp(0.1).create({'w': jnp.ones(1)})
+    >>> opt.state.param_states['w'].mg is None
+    True
+  """
+
+  def __init__(
+    self,
+    learning_rate: float | None = None,
+    beta2: float = 0.9,
+    eps: float = 1e-8,
+    centered: bool = False,
+  ):
+    super().__init__(
+      HyperParams(learning_rate=learning_rate, beta2=beta2, eps=eps, centered=centered)
+    )
+
+  def init_param_state(self, param):
+    mg = jnp.zeros_like(param) if self.hyper_params.centered else None
+    return _RMSPropParamState(jnp.zeros_like(param), mg)
+
+  def apply_param_gradient(self, step, hyper_params, param, state, grad):
+    del step
+    hp = hyper_params
+    v = hp.beta2 * state.v + (1 - hp.beta2) * jnp.square(grad)
+    if self.hyper_params.centered:  # the state's layout: the constructor decides
+      mg = hp.beta2 * state.mg + (1 - hp.beta2) * grad
+      variance = v - jnp.square(mg)
+    else:
+      mg, variance = state.mg, v
+    new_param = param - hp.learning_rate * grad / (jnp.sqrt(variance) + hp.eps)
+    return new_param, _RMSPropParamState(v, mg)
+
+
+class LAMB(OptimizerDef):
+  """flax.optim's LAMB: ``u = m^/(sqrt(v^)+eps) + wd p``, ``p <- p - lr r u``
+  with the trust ratio ``r = |p|/|u|`` (1 when both are 0; zero params stay).
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from optcore import legacy
+    >>> opt = legacy.LAMB(0.1).create({'w': jnp.zeros(2), 'v': jnp.ones(2)})
+    >>> opt = opt.apply_gradient({'w': jnp.ones(2), 'v': jnp.ones(2)})
+    >>> opt.target['w'], opt.target['v'].round(4)
+    (Array([0., 0.], dtype=float32), Array([0.9, 0.9], dtype=float32))
+  """
+
+  def __init__(
+    self,
+    learning_rate: float | None = None,
+    beta1: float = 0.9,
+    beta2: float = 0.999,
+    weight_decay: float = 0,
+    eps: float = 1e-6,
+  ):
+    super().__init__(
+      HyperParams(
+        learning_rate=learning_rate, beta1=beta1, beta2=beta2, weight_decay=weight_decay, eps=eps
+      )
+    )
+
+  def init_param_state(self, param):
+    return _AdamParamState(jnp.zeros_like(param), jnp.zeros_like(param))
+
+  def apply_param_gradient(self, step, hyper_params, param, state, grad):
+    hp = hyper_params
+    grad_ema = hp.beta1 * state.grad_ema + (1 - hp.beta1) * grad
+    grad_sq_ema = hp.beta2 * state.grad_sq_ema + (1 - hp.beta2) * jnp.square(grad)
+    grad_ema_corr = grad_ema / _bias_correction(hp.beta1, step, param.dtype)
+    grad_sq_ema_corr = grad_sq_ema / _bias_correction(hp.beta2, step, param.dtype)
+    update = grad_ema_corr / (jnp.sqrt(grad_sq_ema_corr) + hp.eps) + hp.weight_decay * param
+    param_norm = jnp.linalg.norm(param)
+    update_norm = jnp.linalg.norm(update)
+    trust_ratio = jnp.where(param_norm + update_norm > 0.0, param_norm / update_norm, 1.0)
+    new_param = param - trust_ratio * hp.learning_rate * update
+    return new_param, _AdamParamState(grad_ema, grad_sq_ema)
+
+
+class LARS(OptimizerDef):
+  """flax.optim's LARS, whose momentum buffer holds the learning rate:
+  ``r = tc |p|/(|g| + wd |p| + eps)`` (1 when |g| or |p| is 0),
+  ``m <- beta m + lr r (g + wd p)``, ``p <- p - m`` (nesterov:
+  ``p <- p - (lr r (g + wd p) + beta m)``).
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from optcore import legacy
+    >>> opt = legacy.LARS(0.1).create({'w': jnp.ones(1)})
+    >>> opt.apply_gradient({'w': jnp.ones(1)}).state.param_states['w'].momentum
+    Array([0.0001], dtype=float32)
+  """
+
+  def __init__(
+    self,
+    learning_rate: float | None = None,
+    beta: float = 0.9,
+    weight_decay: float = 0,
+    trust_coefficient: float = 0.001,
+    eps: float = 0,
+    nesterov: bool = False,
+  ):
+    super().__init__(
+      HyperParams(
+        learning_rate=learning_rate,
+        beta=beta,
+        weight_decay=weight_decay,
+        trust_coefficient=trust_coefficient,
+        eps=eps,
+        nesterov=nesterov,
+      )
+    )
+
+  def init_param_state(self, param):
+    return _MomentumParamState(jnp.zeros_like(param))
+
+  def apply_param_gradient(self, step, hyper_params, param, state, grad):
+    del step
+    hp = hyper_params
+    param_norm = jnp.linalg.norm(param)
+    grad_norm = jnp.linalg.norm(grad)
+    trust_ratio = (
+      hp.trust_coefficient * param_norm / (grad_norm + hp.weight_decay * param_norm + hp.eps)
+    )
+    trust_ratio = jnp.where((grad_norm == 0.0) | (param_norm == 0.0), 1.0, trust_ratio)
+    scaled_grad = hp.learning_rate * trust_ratio * (grad + hp.weight_decay * param)
+    momentum = hp.beta * state.momentum + scaled_grad
+    direction = scaled_grad + hp.beta * momentum if hp.nesterov else momentum
+    return param - direction, _MomentumParamState(momentum)

@@ -1,0 +1,45 @@
+"""The flax.optim (v0.5.3) algorithms with their original numerics, framework-free.
+
+Same names, arguments, defaults and state field names as flax.optim, as
+per-parameter `optcore.OptimizerDef`s: ``create``, ``apply_gradient`` with
+overrides, ``state_dict`` (flax.optim's keys), ``as_optax()`` and every
+adapter work with them.
+
+Example:
+  >>> import jax.numpy as jnp
+  >>> from optcore import legacy
+  >>> opt = legacy.Adam(learning_rate=0.1).create({'w': jnp.ones(2)})
+  >>> opt = opt.apply_gradient({'w': jnp.ones(2)}, learning_rate=0.05)
+  >>> round(float(opt.target['w'][0]), 5), sorted(opt.state_dict()['state']['param_states']['w'])
+  (0.95, ['grad_ema', 'grad_sq_ema'])
+"""
+
+from optcore._src.adafactor import LegacyAdafactor as Adafactor
+from optcore._src.dynamic_scale import DynamicScale as DynamicScale
+from optcore._src.dynamic_scale import DynamicScaleResult as DynamicScaleResult
+from optcore._src.legacy import LAMB as LAMB
+from optcore._src.legacy import LARS as LARS
+from optcore._src.legacy import AdaBelief as AdaBelief
+from optcore._src.legacy import Adadelta as Adadelta
+from optcore._src.legacy import Adagrad as Adagrad
+from optcore._src.legacy import Adam as Adam
+from optcore._src.legacy import GradientDescent as GradientDescent
+from optcore._src.legacy import Momentum as Momentum
+from optcore._src.legacy import RMSProp as RMSProp
+from optcore._src.weight_norm import WeightNorm as WeightNorm
+
+__all__ = [
+  "LAMB",
+  "LARS",
+  "AdaBelief",
+  "Adadelta",
+  "Adafactor",
+  "Adagrad",
+  "Adam",
+  "DynamicScale",
+  "DynamicScaleResult",
+  "GradientDescent",
+  "Momentum",
+  "RMSProp",
+  "WeightNorm",
+]
