@@ -227,3 +227,13 @@ def test_treeo_api_works_on_modern_jax_without_touching_jax():
   applied = to.apply(set_mean, model)
   np.testing.assert_array_equal(applied.mean, jnp.ones(4))
   np.testing.assert_array_equal(model.mean, jnp.zeros(4))
+
+
+def test_a_legacy_definition_equals_the_core_optimizer_bitwise():
+  params = dict_params()
+  ours, _ = treex_usage(optcore.legacy.LARS(0.1, nesterov=True), params)
+  core = optcore.legacy.LARS(0.1, nesterov=True).create(params)
+  step = jax.jit(lambda core: core.apply_gradient(jax.grad(loss)(core.target)))
+  for _ in range(20):
+    core = step(core)
+  assert_trees_equal(ours, core.target)

@@ -6,6 +6,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec
 
 from optcore._src.base import OptimizerDef
 from optcore._src.hyper_params import HyperParams
@@ -38,26 +39,27 @@ def _merge(direction: jax.Array, scale: jax.Array, eps: Any) -> jax.Array:
 class WeightNorm(OptimizerDef):
   """flax.optim's WeightNorm around a per-parameter definition.
 
-  A leaf with ``size > shape[-1]`` is kept as a direction and a scale of
-  shape ``(1, ..., n)``, initialised to ``sqrt(sum w^2 + eps)`` over all but
-  the last axis; the parameter is ``scale * direction / |direction|``. The
-  gradient reaches both through a VJP, ``wn_decay * direction`` is added to
-  the direction's, and the wrapped definition updates each. Other leaves are
-  passed to the wrapped definition as they are.
+    A leaf with ``size > shape[-1]`` is kept as a direction and a scale of
+    shape ``(1, ..., n)``, initialised to ``sqrt(sum w^2 + eps)`` over all but
+    the last axis; the parameter is ``scale * direction / |direction|``. The
+    gradient reaches both through a VJP, ``wn_decay * direction`` is added to
+    the direction's, and the wrapped definition updates each. Other leaves are
+    passed to the wrapped definition as they are.
 
-  Args:
-    wrapped_optimizer: a per-parameter definition (the flax.optim algorithms).
-    wn_decay: decay of the direction.
-    wn_eps: the norm's epsilon.
+    Args:
+      wrapped_optimizer: a per-parameter definition (the flax.optim algorithms).
+      wn_decay: decay of the direction.
+      wn_eps: the norm's epsilon.
 
-  Example:
-    >>> import jax.numpy as jnp
-    >>> from optcore import legacy
-    >>> opt = legacy.WeightNorm(legacy.Momentum(0.1)).create({'w': jnp.ones((2, 3))})
-    >>> sorted(opt.state_dict()['state']['param_states']['w'])
-    ['direction', 'direction_state', 'scale', 'scale_state']
-    >>> opt.state.param_states['w'].scale.shape
-    (1, 3)
+    Example:
+      >>> import jax.numpy as jnp
+  from jax.sharding import PartitionSpec
+      >>> from optcore import legacy
+      >>> opt = legacy.WeightNorm(legacy.Momentum(0.1)).create({'w': jnp.ones((2, 3))})
+      >>> sorted(opt.state_dict()['state']['param_states']['w'])
+      ['direction', 'direction_state', 'scale', 'scale_state']
+      >>> opt.state.param_states['w'].scale.shape
+      (1, 3)
   """
 
   def __init__(self, wrapped_optimizer: OptimizerDef, wn_decay: float = 0, wn_eps: float = 1e-8):
@@ -106,6 +108,20 @@ class WeightNorm(OptimizerDef):
     )
     new_param = _merge(direction, scale, eps).astype(param.dtype)
     return new_param, _WeightNormParamState(direction_state, scale_state, direction, scale)
+
+  def derive_param_state_axes(self, param, param_axes, state):
+    """The direction keeps the parameter's axes, the scale its last axis only."""
+    inner = self.wrapped_optimizer
+    if not _splits(param):
+      inner_axes = inner.derive_param_state_axes(param, param_axes, state.direction_state)
+      return _WeightNormParamState(inner_axes, (), param_axes, ())
+    scale_axes = PartitionSpec(*(None,) * (len(param_axes) - 1), param_axes[-1])
+    return _WeightNormParamState(
+      inner.derive_param_state_axes(state.direction, param_axes, state.direction_state),
+      inner.derive_param_state_axes(state.scale, scale_axes, state.scale_state),
+      param_axes,
+      scale_axes,
+    )
 
   def _static_key(self) -> tuple:
     return (type(self), self.hyper_params, self.wrapped_optimizer)
