@@ -39,27 +39,26 @@ def _merge(direction: jax.Array, scale: jax.Array, eps: Any) -> jax.Array:
 class WeightNorm(OptimizerDef):
   """flax.optim's WeightNorm around a per-parameter definition.
 
-    A leaf with ``size > shape[-1]`` is kept as a direction and a scale of
-    shape ``(1, ..., n)``, initialised to ``sqrt(sum w^2 + eps)`` over all but
-    the last axis; the parameter is ``scale * direction / |direction|``. The
-    gradient reaches both through a VJP, ``wn_decay * direction`` is added to
-    the direction's, and the wrapped definition updates each. Other leaves are
-    passed to the wrapped definition as they are.
+  A leaf with ``size > shape[-1]`` is kept as a direction and a scale of
+  shape ``(1, ..., n)``, initialised to ``sqrt(sum w^2 + eps)`` over all but
+  the last axis; the parameter is ``scale * direction / |direction|``. The
+  gradient reaches both through a VJP, ``wn_decay * direction`` is added to
+  the direction's, and the wrapped definition updates each. Other leaves are
+  passed to the wrapped definition as they are.
 
-    Args:
-      wrapped_optimizer: a per-parameter definition (the flax.optim algorithms).
-      wn_decay: decay of the direction.
-      wn_eps: the norm's epsilon.
+  Args:
+    wrapped_optimizer: a per-parameter definition (the flax.optim algorithms).
+    wn_decay: decay of the direction.
+    wn_eps: the norm's epsilon.
 
-    Example:
-      >>> import jax.numpy as jnp
-  from jax.sharding import PartitionSpec
-      >>> from optcore import legacy
-      >>> opt = legacy.WeightNorm(legacy.Momentum(0.1)).create({'w': jnp.ones((2, 3))})
-      >>> sorted(opt.state_dict()['state']['param_states']['w'])
-      ['direction', 'direction_state', 'scale', 'scale_state']
-      >>> opt.state.param_states['w'].scale.shape
-      (1, 3)
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from optcore import legacy
+    >>> opt = legacy.WeightNorm(legacy.Momentum(0.1)).create({'w': jnp.ones((2, 3))})
+    >>> sorted(opt.state_dict()['state']['param_states']['w'])
+    ['direction', 'direction_state', 'scale', 'scale_state']
+    >>> opt.state.param_states['w'].scale.shape
+    (1, 3)
   """
 
   def __init__(self, wrapped_optimizer: OptimizerDef, wn_decay: float = 0, wn_eps: float = 1e-8):
