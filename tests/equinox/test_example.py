@@ -2,22 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
+from example_runner import run_example
 
 
 def test_equinox_quickstart_trains_and_resumes_bitwise():
-  result = subprocess.run(
-    [sys.executable, str(ROOT / "examples" / "equinox_quickstart.py")],
-    capture_output=True,
-    text=True,
-    timeout=300,
-    check=False,
-  )
-  assert result.returncode == 0, result.stderr
-  assert "matched the uninterrupted run bitwise: True" in result.stdout
-  losses = [float(line.split("loss")[1]) for line in result.stdout.splitlines() if "loss" in line]
+  stdout = run_example("equinox_quickstart.py")
+  assert "matched the uninterrupted run bitwise: True" in stdout
+  losses = [float(line.split("loss")[1]) for line in stdout.splitlines() if "loss" in line]
   assert losses[-1] < losses[0] / 100, losses

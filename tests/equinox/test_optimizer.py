@@ -260,3 +260,8 @@ def test_a_legacy_definition_equals_the_core_loop_bitwise(make):
   for _ in range(20):
     core = step(core)
   assert_same_model(model, eqx.combine(core.target, static))
+
+
+def test_something_that_is_no_optimizer_is_refused_by_name():
+  with pytest.raises(TypeError, match=r"optcore_equinox.Optimizer takes an optcore definition"):
+    optcore_equinox.Optimizer("adam", mlp())

@@ -3,30 +3,18 @@ docstring examples run as a user runs them."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 from doctests import failures_in, modules_of
+from example_runner import run_example
 from readme_blocks import blocks_for, run_block
 
 import optcore_treex
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def test_treex_quickstart_learns_the_map():
-  result = subprocess.run(
-    [sys.executable, str(ROOT / "examples" / "treex_quickstart.py")],
-    capture_output=True,
-    text=True,
-    timeout=300,
-    check=False,
-  )
-  assert result.returncode == 0, result.stderr
-  assert "w = [1.0, -2.0, 0.5, 3.0], b = 0.70" in result.stdout
-  assert "examples seen: 38400; optimizer steps: 300" in result.stdout
+  stdout = run_example("treex_quickstart.py")
+  assert "w = [1.0, -2.0, 0.5, 3.0], b = 0.70" in stdout
+  assert "examples seen: 38400; optimizer steps: 300" in stdout
 
 
 def test_readme_has_a_treex_example():

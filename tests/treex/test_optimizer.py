@@ -237,3 +237,8 @@ def test_a_legacy_definition_equals_the_core_optimizer_bitwise():
   for _ in range(20):
     core = step(core)
   assert_trees_equal(ours, core.target)
+
+
+def test_something_that_is_no_optimizer_is_refused_by_name():
+  with pytest.raises(TypeError, match=r"optcore_treex.Optimizer takes an optcore definition"):
+    Optimizer(0.1)

@@ -11,6 +11,7 @@ from jax.sharding import Mesh
 
 import optcore
 from optcore._src.base import check_same_structure
+from optcore._src.optax_wrapper import as_definition
 
 PyTree = Any
 
@@ -52,13 +53,7 @@ class Optimizer(eqx.Module):
   state: optcore.OptimizerState
 
   def __init__(self, optimizer: Any, model: PyTree, *, wrt: Any = eqx.is_inexact_array):
-    if not isinstance(optimizer, optcore.OptimizerDef):
-      if not (hasattr(optimizer, "init") and hasattr(optimizer, "update")):
-        raise TypeError(
-          "optcore_equinox.Optimizer takes an optcore definition (optcore.adamw(1e-3), "
-          f"optcore.MultiOptimizer(...)) or an optax GradientTransformation; got {optimizer!r}"
-        )
-      optimizer = optcore.OptaxWrapper(optimizer)
+    optimizer = as_definition(optimizer, "optcore_equinox.Optimizer")
     self.optimizer_def = optimizer
     self.wrt = wrt
     self.state = optimizer.init_state(eqx.filter(model, wrt))

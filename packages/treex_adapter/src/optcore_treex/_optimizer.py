@@ -11,6 +11,7 @@ import treeo as to
 
 import optcore
 from optcore._src.base import check_same_structure
+from optcore._src.optax_wrapper import as_definition
 
 PyTree = tp.Any
 
@@ -49,14 +50,7 @@ class Optimizer(to.Tree):
   n_leaves: int | None = to.field(None, node=False)
 
   def __init__(self, optimizer: tp.Any):
-    if not isinstance(optimizer, optcore.OptimizerDef):
-      if not (hasattr(optimizer, "init") and hasattr(optimizer, "update")):
-        raise TypeError(
-          "optcore_treex.Optimizer takes an optax GradientTransformation or an optcore "
-          f"definition (optcore.adam(1e-3), optcore.MultiOptimizer(...)); got {optimizer!r}"
-        )
-      optimizer = optcore.OptaxWrapper(optimizer)
-    self.optimizer_def = optimizer
+    self.optimizer_def = as_definition(optimizer, "optcore_treex.Optimizer")
     self.state = None
     self.n_leaves = None
 

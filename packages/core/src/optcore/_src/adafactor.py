@@ -149,9 +149,45 @@ class _Roles:
     return tuple(d for d in range(self.ndim) if d not in dropped)
 
 
-class AdafactorBase(OptimizerDef):
-  """The shared implementation; use `optcore.legacy.Adafactor` (flax.optim) or
-  `optcore.adafactor.Adafactor` (T5X)."""
+class Adafactor(OptimizerDef):
+  """T5X's Adafactor (``t5x.adafactor.Adafactor``), every argument included.
+
+  Args:
+    learning_rate: the step size (overridable per step).
+    factored: whether to factor the second moment.
+    multiply_by_parameter_scale: scale the step by the parameter's RMS; a
+      bool or an `HParamMap` per path.
+    beta1: momentum coefficient, None for none.
+    decay_rate: second-moment decay exponent: ``decay = 1 - t^-decay_rate``.
+    step_offset: steps before the decay schedule starts (see the module).
+    clipping_threshold: the update's RMS bound, None for none.
+    weight_decay_rate: decoupled weight decay ``p <- (1 - rate) p``.
+    min_dim_size_to_factor: the size heuristic's threshold.
+    epsilon1, epsilon2: the squared-gradient and parameter-scale floors.
+    dtype_momentum: the momentum's storage dtype.
+    factor_map: an `HParamMap` from paths to a tuple of `FactorDim` per
+      dimension or `HEURISTIC_RULE`.
+    logical_factor_rules: updates to `standard_logical_factor_rules` for
+      `set_param_axes`.
+    weight_decay_rate_lr_exponent: weight decay ``(rate or 1) * lr**exponent``.
+    global_norm_clip_threshold: scale all gradients by ``min(1, thr/|g|)``.
+    max_parameter_scale: upper bound of the parameter scale.
+    skip_nan_updates: keep the old value wherever the new one is NaN.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from jax.sharding import PartitionSpec as P
+    >>> from optcore.adafactor import Adafactor
+    >>> opt_def = Adafactor(1e-2)
+    >>> params = {'layers': {'kernel': jnp.ones((2, 8, 4))}}  # scanned: (layers, embed, mlp)
+    >>> opt_def.set_param_axes({'layers': {'kernel': P('layers', 'embed', 'mlp')}})
+    >>> state = opt_def.create(params).state.param_states['layers']['kernel']
+    >>> state.v_row.shape, state.v_col.shape
+    ((2, 8), (2, 4))
+
+  `optcore.legacy.Adafactor` (flax.optim's) is this implementation with
+  flax.optim's signature and momentum arithmetic.
+  """
 
   _t5x_numerics = True  # the momentum is read back as float32 before the update
 
@@ -400,87 +436,7 @@ def t5x_path(keys: Sequence[Any]) -> str:
   return paths.path_str(keys)[1:]
 
 
-class Adafactor(AdafactorBase):
-  """T5X's Adafactor (``t5x.adafactor.Adafactor``), every argument included.
-
-  Args:
-    learning_rate: the step size (overridable per step).
-    factored: whether to factor the second moment.
-    multiply_by_parameter_scale: scale the step by the parameter's RMS; a
-      bool or an `HParamMap` per path.
-    beta1: momentum coefficient, None for none.
-    decay_rate: second-moment decay exponent: ``decay = 1 - t^-decay_rate``.
-    step_offset: steps before the decay schedule starts (see the module).
-    clipping_threshold: the update's RMS bound, None for none.
-    weight_decay_rate: decoupled weight decay ``p <- (1 - rate) p``.
-    min_dim_size_to_factor: the size heuristic's threshold.
-    epsilon1, epsilon2: the squared-gradient and parameter-scale floors.
-    dtype_momentum: the momentum's storage dtype.
-    factor_map: an `HParamMap` from paths to a tuple of `FactorDim` per
-      dimension or `HEURISTIC_RULE`.
-    logical_factor_rules: updates to `standard_logical_factor_rules` for
-      `set_param_axes`.
-    weight_decay_rate_lr_exponent: weight decay ``(rate or 1) * lr**exponent``.
-    global_norm_clip_threshold: scale all gradients by ``min(1, thr/|g|)``.
-    max_parameter_scale: upper bound of the parameter scale.
-    skip_nan_updates: keep the old value wherever the new one is NaN.
-
-  Example:
-    >>> import jax.numpy as jnp
-    >>> from jax.sharding import PartitionSpec as P
-    >>> from optcore.adafactor import Adafactor
-    >>> opt_def = Adafactor(1e-2)
-    >>> params = {'layers': {'kernel': jnp.ones((2, 8, 4))}}  # scanned: (layers, embed, mlp)
-    >>> opt_def.set_param_axes({'layers': {'kernel': P('layers', 'embed', 'mlp')}})
-    >>> state = opt_def.create(params).state.param_states['layers']['kernel']
-    >>> state.v_row.shape, state.v_col.shape
-    ((2, 8), (2, 4))
-  """
-
-  def __init__(
-    self,
-    learning_rate: float | None = None,
-    factored: bool = True,
-    multiply_by_parameter_scale: bool | HParamMap = True,
-    beta1: float | None = None,
-    decay_rate: float = 0.8,
-    step_offset: int = 0,
-    clipping_threshold: float | None = 1.0,
-    weight_decay_rate: float | None = None,
-    min_dim_size_to_factor: int = 128,
-    epsilon1: float = 1e-30,
-    epsilon2: float = 1e-3,
-    dtype_momentum: Any = jnp.float32,
-    factor_map: HParamMap | None = None,
-    logical_factor_rules: Mapping[str, Any] | None = None,
-    weight_decay_rate_lr_exponent: float | None = None,
-    global_norm_clip_threshold: float | None = None,
-    max_parameter_scale: float | None = None,
-    skip_nan_updates: bool = False,
-  ):
-    super().__init__(
-      learning_rate,
-      factored,
-      multiply_by_parameter_scale,
-      beta1,
-      decay_rate,
-      step_offset,
-      clipping_threshold,
-      weight_decay_rate,
-      min_dim_size_to_factor,
-      epsilon1,
-      epsilon2,
-      dtype_momentum,
-      factor_map,
-      logical_factor_rules,
-      weight_decay_rate_lr_exponent,
-      global_norm_clip_threshold,
-      max_parameter_scale,
-      skip_nan_updates,
-    )
-
-
-class LegacyAdafactor(AdafactorBase):
+class LegacyAdafactor(Adafactor):
   """flax.optim's Adafactor (v0.5.3): the size heuristic only, and the
   momentum multiplied in its storage dtype, as flax.optim did.
 

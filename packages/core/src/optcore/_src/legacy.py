@@ -64,6 +64,24 @@ def _bias_correction(beta: Any, step: jax.Array, dtype: Any) -> jax.Array:
   return 1 - beta**t
 
 
+def _ema(beta: Any, old: jax.Array, new: jax.Array) -> jax.Array:
+  return beta * old + (1 - beta) * new
+
+
+def _debiased(hp: HyperParams, step: jax.Array, param: jax.Array, state: Any):
+  """Adam's bias-corrected moments from a state with grad_ema and grad_sq_ema."""
+  return (
+    state.grad_ema / _bias_correction(hp.beta1, step, param.dtype),
+    state.grad_sq_ema / _bias_correction(hp.beta2, step, param.dtype),
+  )
+
+
+def _adam_update(hp: HyperParams, param: jax.Array, ema: jax.Array, sq_ema: jax.Array):
+  """``p - lr m/(sqrt(v)+eps) - lr wd p``: flax.optim's Adam-style step, decay on the old p."""
+  new_param = param - hp.learning_rate * ema / (jnp.sqrt(sq_ema) + hp.eps)
+  return new_param - hp.learning_rate * hp.weight_decay * param
+
+
 class GradientDescent(OptimizerDef):
   """flax.optim's gradient descent: ``p <- p - lr g``; no state.
 
@@ -154,14 +172,10 @@ class Adam(OptimizerDef):
 
   def apply_param_gradient(self, step, hyper_params, param, state, grad):
     hp = hyper_params
-    grad_ema = hp.beta1 * state.grad_ema + (1 - hp.beta1) * grad
-    grad_sq_ema = hp.beta2 * state.grad_sq_ema + (1 - hp.beta2) * jnp.square(grad)
-    grad_ema_corr = grad_ema / _bias_correction(hp.beta1, step, param.dtype)
-    grad_sq_ema_corr = grad_sq_ema / _bias_correction(hp.beta2, step, param.dtype)
-    denom = jnp.sqrt(grad_sq_ema_corr) + hp.eps
-    new_param = param - hp.learning_rate * grad_ema_corr / denom
-    new_param = new_param - hp.learning_rate * hp.weight_decay * param
-    return new_param, _AdamParamState(grad_ema, grad_sq_ema)
+    state = _AdamParamState(
+      _ema(hp.beta1, state.grad_ema, grad), _ema(hp.beta2, state.grad_sq_ema, jnp.square(grad))
+    )
+    return _adam_update(hp, param, *_debiased(hp, step, param, state)), state
 
 
 class AdaBelief(OptimizerDef):
@@ -195,15 +209,10 @@ class AdaBelief(OptimizerDef):
 
   def apply_param_gradient(self, step, hyper_params, param, state, grad):
     hp = hyper_params
-    grad_ema = hp.beta1 * state.grad_ema + (1 - hp.beta1) * grad
-    grad_dev = grad - grad_ema
-    grad_sq_ema = hp.beta2 * state.grad_sq_ema + (1 - hp.beta2) * jnp.square(grad_dev) + hp.eps
-    grad_ema_corr = grad_ema / _bias_correction(hp.beta1, step, param.dtype)
-    grad_sq_ema_corr = grad_sq_ema / _bias_correction(hp.beta2, step, param.dtype)
-    denom = jnp.sqrt(grad_sq_ema_corr) + hp.eps
-    new_param = param - hp.learning_rate * grad_ema_corr / denom
-    new_param = new_param - hp.learning_rate * hp.weight_decay * param
-    return new_param, _AdamParamState(grad_ema, grad_sq_ema)
+    grad_ema = _ema(hp.beta1, state.grad_ema, grad)
+    grad_sq_ema = _ema(hp.beta2, state.grad_sq_ema, jnp.square(grad - grad_ema)) + hp.eps
+    state = _AdamParamState(grad_ema, grad_sq_ema)
+    return _adam_update(hp, param, *_debiased(hp, step, param, state)), state
 
 
 class Adadelta(OptimizerDef):
@@ -236,9 +245,9 @@ class Adadelta(OptimizerDef):
   def apply_param_gradient(self, step, hyper_params, param, state, grad):
     del step
     hp = hyper_params
-    sq_avg = hp.rho * state.sq_avg + (1 - hp.rho) * jnp.square(grad)
+    sq_avg = _ema(hp.rho, state.sq_avg, jnp.square(grad))
     delta = jnp.sqrt(state.acc_delta + hp.eps) / jnp.sqrt(sq_avg + hp.eps) * grad
-    acc_delta = hp.rho * state.acc_delta + (1 - hp.rho) * jnp.square(delta)
+    acc_delta = _ema(hp.rho, state.acc_delta, jnp.square(delta))
     new_param = param - hp.learning_rate * delta
     new_param = new_param - hp.learning_rate * hp.weight_decay * param
     return new_param, _AdadeltaParamState(sq_avg, acc_delta)
@@ -298,9 +307,9 @@ class RMSProp(OptimizerDef):
   def apply_param_gradient(self, step, hyper_params, param, state, grad):
     del step
     hp = hyper_params
-    v = hp.beta2 * state.v + (1 - hp.beta2) * jnp.square(grad)
+    v = _ema(hp.beta2, state.v, jnp.square(grad))
     if self.hyper_params.centered:  # the state's layout: the constructor decides
-      mg = hp.beta2 * state.mg + (1 - hp.beta2) * grad
+      mg = _ema(hp.beta2, state.mg, grad)
       variance = v - jnp.square(mg)
     else:
       mg, variance = state.mg, v
@@ -340,16 +349,15 @@ class LAMB(OptimizerDef):
 
   def apply_param_gradient(self, step, hyper_params, param, state, grad):
     hp = hyper_params
-    grad_ema = hp.beta1 * state.grad_ema + (1 - hp.beta1) * grad
-    grad_sq_ema = hp.beta2 * state.grad_sq_ema + (1 - hp.beta2) * jnp.square(grad)
-    grad_ema_corr = grad_ema / _bias_correction(hp.beta1, step, param.dtype)
-    grad_sq_ema_corr = grad_sq_ema / _bias_correction(hp.beta2, step, param.dtype)
-    update = grad_ema_corr / (jnp.sqrt(grad_sq_ema_corr) + hp.eps) + hp.weight_decay * param
+    state = _AdamParamState(
+      _ema(hp.beta1, state.grad_ema, grad), _ema(hp.beta2, state.grad_sq_ema, jnp.square(grad))
+    )
+    ema, sq_ema = _debiased(hp, step, param, state)
+    update = ema / (jnp.sqrt(sq_ema) + hp.eps) + hp.weight_decay * param
     param_norm = jnp.linalg.norm(param)
     update_norm = jnp.linalg.norm(update)
     trust_ratio = jnp.where(param_norm + update_norm > 0.0, param_norm / update_norm, 1.0)
-    new_param = param - trust_ratio * hp.learning_rate * update
-    return new_param, _AdamParamState(grad_ema, grad_sq_ema)
+    return param - trust_ratio * hp.learning_rate * update, state
 
 
 class LARS(OptimizerDef):

@@ -292,6 +292,22 @@ def _as_optax(value: Any) -> Any:
   return value
 
 
+def as_definition(optimizer: Any, who: str) -> OptimizerDef:
+  """``optimizer`` as a definition: itself, or an optax transformation wrapped.
+
+  For adapters that take "any optcore config or an optax transformation";
+  anything else raises a TypeError that names ``who``.
+  """
+  if isinstance(optimizer, OptimizerDef):
+    return optimizer
+  if callable(getattr(optimizer, "init", None)) and callable(getattr(optimizer, "update", None)):
+    return OptaxWrapper(optimizer)
+  raise TypeError(
+    f"{who} takes an optcore definition (optcore.adamw(1e-3), optcore.MultiOptimizer(...), "
+    f"optcore.legacy.Adam(...)) or an optax GradientTransformation; got {optimizer!r:.80}"
+  )
+
+
 def _check_protocol(tx: Any, what: str | None = None) -> None:
   if not (callable(getattr(tx, "init", None)) and callable(getattr(tx, "update", None))):
     raise TypeError(
