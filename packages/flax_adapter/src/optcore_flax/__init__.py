@@ -1,24 +1,79 @@
-"""optcore for Flax.
+"""optcore for Flax: flax.optim and T5X's optimizer API, drop-in, on today's Flax.
 
-Importing it makes optcore's paths canonical for nnx: a Variable's ``.value``
-level is left out, so ``{'kernel': Param(...)}`` reads ``/kernel`` in
-selectors and state dicts, as a Linen param does. The flax.optim and T5X
-optimizer surfaces come in a later release. Use the core directly today:
+* `optcore_flax.optim`: the removed ``flax.optim`` (v0.5.3);
+  `install_legacy_namespace` makes ``from flax import optim`` give it.
+* `optcore_flax.optimizers` and `optcore_flax.adafactor`: ``t5x.optimizers``
+  and ``t5x.adafactor``.
+* Linen logical partitioning in, optimizer axes and shardings out
+  (`param_logical_axes`, `derive_logical_axes`, `optimizer_shardings`,
+  `create_sharded`).
 
-  >>> import jax.numpy as jnp
-  >>> import optcore, optcore_flax
-  >>> opt = optcore.adam(1e-3).create({'params': {'Dense_0': {'kernel': jnp.ones((2, 2))}}})
-  >>> optcore_flax.__version__ == optcore.__version__
-  True
+Importing it registers optcore's `Optimizer` and `OptimizerState` with
+``flax.serialization`` (``to_bytes``/``from_bytes`` give flax.optim's layout)
+and leaves an nnx Variable's ``.value`` level out of optcore's paths.
+
+  >>> import jax.numpy as jnp, flax
+  >>> import optcore_flax
+  >>> optimizer = optcore_flax.optim.Adam(1e-3).create({'w': jnp.ones(2)})
+  >>> sorted(flax.serialization.to_state_dict(optimizer)['state'])
+  ['param_states', 'step']
 """
 
+import sys as _sys
 from importlib.metadata import version as _version
 
+import flax as _flax
 from flax import nnx as _nnx
+from flax import serialization as _serialization
 
 import optcore as _optcore
+from optcore_flax import adafactor as adafactor
+from optcore_flax import optim as optim
+from optcore_flax import optimizers as optimizers
+from optcore_flax._linen import create_sharded as create_sharded
+from optcore_flax._linen import derive_logical_axes as derive_logical_axes
+from optcore_flax._linen import optimizer_shardings as optimizer_shardings
+from optcore_flax._linen import param_logical_axes as param_logical_axes
 
 _optcore.register_hidden_level(_nnx.Variable)
+_serialization.register_serialization_state(
+  _optcore.Optimizer,
+  lambda optimizer: optimizer.state_dict(),
+  lambda optimizer, state_dict: optimizer.restore_state(state_dict),
+  override=True,
+)
+_serialization.register_serialization_state(
+  _optcore.OptimizerState,
+  _optcore.to_state_dict,
+  lambda state, state_dict: _optcore.from_state_dict(state, state_dict),
+  override=True,
+)
+
+
+def install_legacy_namespace() -> None:
+  """Makes ``from flax import optim`` and ``import flax.optim`` give
+  `optcore_flax.optim`, so a program written for flax.optim runs with one
+  added line. Opt-in; idempotent.
+
+  Example:
+    >>> import optcore_flax
+    >>> optcore_flax.install_legacy_namespace()
+    >>> from flax import optim
+    >>> optim is optcore_flax.optim
+    True
+  """
+  _sys.modules["flax.optim"] = optim
+  _flax.optim = optim
+
 
 __version__ = _version("optcore-flax")
-__all__: list[str] = []
+__all__ = [
+  "adafactor",
+  "create_sharded",
+  "derive_logical_axes",
+  "install_legacy_namespace",
+  "optim",
+  "optimizer_shardings",
+  "optimizers",
+  "param_logical_axes",
+]

@@ -10,11 +10,13 @@ definition is static data, so the same configuration never retraces.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import PartitionSpec
 
@@ -80,7 +82,11 @@ class OptimizerDef:
     (Array([0.5, 1.5], dtype=float32), 1)
   """
 
-  def __init__(self, hyper_params: HyperParams):
+  def __init__(self, hyper_params: HyperParams | Mapping[str, Any] | Any):
+    if dataclasses.is_dataclass(hyper_params) and not isinstance(hyper_params, type):
+      # flax.optim definitions pass a struct dataclass of their hyper-parameters.
+      fields = dataclasses.fields(hyper_params)
+      hyper_params = {f.name: getattr(hyper_params, f.name) for f in fields}
     if not isinstance(hyper_params, HyperParams):
       hyper_params = HyperParams(**dict(hyper_params))
     self.hyper_params = hyper_params
@@ -434,6 +440,45 @@ class Optimizer(Generic[T]):
       hyper_params, self.target, self.state, grads, **(extra_args or {})
     )
     return self.replace(target=new_target, state=new_state)
+
+  def compute_gradient(self, loss_fn: Callable[[T], Any]) -> tuple:
+    """flax.optim's helper: ``(loss, grad)`` of ``loss_fn(target)``, or
+    ``(loss, aux, grad)`` when it returns ``(loss, aux)``."""
+
+    def wrapped(target):
+      out = loss_fn(target)
+      return (out[0], tuple(out[1:])) if isinstance(out, (tuple, list)) else (out, None)
+
+    (loss, aux), grad = jax.value_and_grad(wrapped, has_aux=True)(self.target)
+    if aux is None:
+      return loss, grad
+    return (loss, *aux, grad)
+
+  compute_gradients = compute_gradient
+
+  def optimize(self, loss_fn: Callable[[T], Any], **hyper_param_overrides: Any) -> tuple:
+    """flax.optim's deprecated one-call step: ``(new_optimizer, loss[, aux])``,
+    the loss computed before the update."""
+    warnings.warn(
+      "Optimizer.optimize() is deprecated (as in flax.optim): compute the gradient with "
+      "jax.grad or Optimizer.compute_gradient and call apply_gradient.",
+      DeprecationWarning,
+      stacklevel=2,
+    )
+    *outputs, grad = self.compute_gradient(loss_fn)
+    return (self.apply_gradient(grad, **hyper_param_overrides), *outputs)
+
+  def replicate(self, devices: Sequence[Any] | None = None) -> Optimizer[T]:
+    """A copy with a leading device axis, for ``jax.pmap`` (flax.optim's)."""
+    devices = list(devices or jax.local_devices())
+    mesh = jax.sharding.Mesh(np.array(devices), ("replica",))
+    sharding = jax.sharding.NamedSharding(mesh, PartitionSpec("replica"))
+    copies = lambda x: jnp.broadcast_to(x, (len(devices), *jnp.shape(x)))
+    return jax.tree.map(lambda x: jax.device_put(copies(x), sharding), self)
+
+  def unreplicate(self) -> Optimizer[T]:
+    """The first device's copy of a replicated optimizer."""
+    return jax.tree.map(lambda x: x[0], self)
 
   def state_dict(self) -> dict[str, Any]:
     """The state dict in Flax's layout: ``{'target': ..., 'state': ...}``."""

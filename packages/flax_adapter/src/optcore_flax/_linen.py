@@ -1,0 +1,87 @@
+"""Linen partitioning metadata in, optimizer axes and shardings out."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+from flax import linen as nn
+from jax.sharding import Mesh
+
+import optcore
+
+PyTree = Any
+
+
+def _is_box(x: Any) -> bool:
+  return isinstance(x, nn.meta.AxisMetadata)
+
+
+def param_logical_axes(params: PyTree) -> PyTree:
+  """One logical `PartitionSpec` per parameter, from params boxed with
+  ``nn.with_logical_partitioning`` / ``nn.LogicallyPartitioned`` (unboxed
+  leaves get ``PartitionSpec()``), or a tree of specs (``nn.get_partition_spec``)
+  returned as it is.
+
+  Example:
+    >>> import jax, jax.numpy as jnp, flax.linen as nn
+    >>> import optcore_flax
+    >>> init = nn.with_logical_partitioning(nn.initializers.ones, ('embed', 'mlp'))
+    >>> boxed = nn.Dense(3, kernel_init=init).init(jax.random.key(0), jnp.ones((1, 2)))
+    >>> optcore_flax.param_logical_axes(boxed)['params']['kernel']
+    PartitionSpec('embed', 'mlp')
+  """
+  if any(_is_box(x) for x in jax.tree.leaves(params, is_leaf=_is_box)):
+    return nn.get_partition_spec(params)
+  return params
+
+
+def derive_logical_axes(optimizer: optcore.Optimizer, params: PyTree) -> optcore.Optimizer:
+  """``optimizer``'s logical axes, given the boxed params or their specs."""
+  return optimizer.optimizer_def.derive_logical_axes(optimizer, param_logical_axes(params))
+
+
+def optimizer_shardings(
+  optimizer: optcore.Optimizer,
+  params: PyTree,
+  mesh: Mesh,
+  logical_axis_rules: Sequence[tuple[str, Any]] | None = None,
+) -> optcore.Optimizer:
+  """``optimizer``'s `NamedSharding`s on ``mesh`` by Flax's ``logical_axis_rules``."""
+  return optimizer.optimizer_def.derive_shardings(
+    optimizer, param_logical_axes(params), mesh, logical_axis_rules
+  )
+
+
+def create_sharded(
+  optimizer_def: optcore.OptimizerDef,
+  boxed_params: PyTree,
+  mesh: Mesh,
+  logical_axis_rules: Sequence[tuple[str, Any]] | None = None,
+) -> optcore.Optimizer:
+  """An optimizer over the unboxed ``boxed_params``, created sharded by their
+  Linen logical axes and Flax's ``logical_axis_rules``.
+
+  Example:
+    >>> import jax, jax.numpy as jnp, numpy as np, flax.linen as nn
+    >>> import optcore, optcore_flax
+    >>> init = nn.with_logical_partitioning(nn.initializers.ones, ('embed', 'mlp'))
+    >>> dense = nn.Dense(4, kernel_init=init, use_bias=False)
+    >>> boxed = dense.init(jax.random.key(0), jnp.ones((1, 2)))
+    >>> mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ('model',))
+    >>> opt = optcore_flax.create_sharded(optcore.adam(1e-3), boxed, mesh, [('mlp', 'model')])
+    >>> spec = opt.state.param_states[0].mu['params']['kernel'].sharding.spec
+    >>> spec == jax.sharding.PartitionSpec(None, 'model')
+    True
+  """
+  axes = param_logical_axes(boxed_params)
+  return optimizer_def.create_sharded(nn.unbox(boxed_params), axes, mesh, logical_axis_rules)
+
+
+__all__ = [
+  "create_sharded",
+  "derive_logical_axes",
+  "optimizer_shardings",
+  "param_logical_axes",
+]
