@@ -395,3 +395,15 @@ def test_fresh_optax_closures_with_the_same_config_are_one_definition():
     opt = optcore.OptaxWrapper(optax.adam(1e-3)).create(params)
     step(opt, params)
   assert len(traces) == 1
+
+
+def test_overrides_reach_the_wrapped_optimizers_inside_a_chain():
+  """T5X's trainer passes learning_rate to a chain of wrapped optimizers every step."""
+  opt_def = optcore.chain([optax.clip_by_global_norm(10.0), optcore.sgd(1.0, momentum=0.5)])
+  opt = opt_def.create({"w": jnp.zeros(2)})
+  step = jax.jit(lambda opt, lr: opt.apply_gradient({"w": jnp.ones(2)}, learning_rate=lr))
+  tx = optax.chain(optax.clip_by_global_norm(10.0), optax.sgd(0.25, momentum=0.5))
+  updates, _ = tx.update({"w": jnp.ones(2)}, tx.init({"w": jnp.zeros(2)}))
+  np.testing.assert_array_equal(step(opt, 0.25).target["w"], updates["w"])
+  with pytest.raises(TypeError, match=r"unknown hyper-parameter\(s\) \['lr'\].*learning_rate"):
+    opt.apply_gradient({"w": jnp.ones(2)}, lr=0.1)

@@ -148,3 +148,38 @@ def test_equinox_optimizer_shards_its_state_from_model_specs(mesh):
 
   _, new_opt = step(model, opt)
   assert new_opt.state.param_states[0].nu.layers[0].weight.sharding.spec == P("x", None)
+
+
+def test_adafactor_on_a_sharded_nnx_model(mesh):
+  """Upstream, nnx.Optimizer copies each param's sharding onto optax's factored
+  accumulators and fails on their lower rank; optcore's transformation works."""
+  nnx = pytest.importorskip(
+    "flax.nnx", reason="needs optcore-flax (the nox variant all installs it)"
+  )
+  import optcore_flax  # noqa: F401  (registers nnx Variables as boxes)
+
+  def make_model(sharded: bool):
+    init = nnx.initializers.lecun_normal()
+    if sharded:  # created inside the mesh: flax shards it as it is made
+      init = nnx.with_partitioning(init, (None, "x"))
+    return nnx.Linear(16, 32, kernel_init=init, rngs=nnx.Rngs(0))
+
+  def train(sharded: bool):
+    model = make_model(sharded)
+    tx = optcore.adafactor(1e-2, min_dim_size_to_factor=8).as_optax()
+    opt = nnx.Optimizer(model, tx, wrt=nnx.Param)
+
+    @nnx.jit
+    def step(model, opt):
+      grads = nnx.grad(lambda m: jnp.sum(m(jnp.ones((4, 16))) ** 2))(model)
+      opt.update(model, grads)
+
+    for _ in range(3):
+      step(model, opt)
+    return model
+
+  with jax.set_mesh(mesh):
+    sharded = train(True)
+  plain = train(False)
+  assert sharded.kernel[...].sharding.spec == P(None, "x")
+  np.testing.assert_allclose(sharded.kernel[...], plain.kernel[...], rtol=1e-6, atol=1e-6)

@@ -15,6 +15,7 @@ Example:
   1
 """
 
+import types as _types
 import warnings as _warnings
 from typing import Any as _Any
 
@@ -64,7 +65,9 @@ def _aliases() -> dict[str, _Any]:
   found = {}
   for name in _optcore.OPTAX_ALIASES:
     alias = getattr(_optcore, name)
-    found[name] = getattr(alias, "__wrapped__", alias)  # optcore.adafactor is a module
+    if isinstance(alias, _types.ModuleType):  # optcore.adafactor: T5X's module, callable
+      alias = alias.__wrapped__
+    found[name] = alias
   found["dpsgd"] = _optcore.contrib.dpsgd
   return found
 

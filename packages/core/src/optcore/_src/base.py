@@ -200,7 +200,7 @@ class OptimizerDef:
     """
 
     def init_fn(params: PyTree) -> OptimizerState:
-      return self.init_state(params)
+      return self.init_state(paths.unbox(params))
 
     def update_fn(updates: PyTree, state: OptimizerState, params: PyTree = None, **extra_args):
       del extra_args

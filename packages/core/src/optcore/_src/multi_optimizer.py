@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from optcore._src import paths
 from optcore._src.base import OptimizerDef, OptimizerState, PyTree
 from optcore._src.hyper_params import HyperParams
 from optcore._src.traversal import Selector, SelectorError, leaves_with_paths, selector_mask
@@ -153,6 +154,7 @@ class MultiOptimizer(OptimizerDef):
     subs = [opt.as_optax() for opt in self.sub_optimizers]
 
     def init_fn(params: PyTree) -> tuple:
+      params = paths.unbox(params)
       masks = self.masks(params, check=True)
       return tuple(tx.init(_masked(params, m)) for tx, m in zip(subs, masks, strict=True))
 

@@ -124,11 +124,37 @@ class OptaxWrapper(OptimizerDef):
         "optcore.<name>(...) or optcore.wrap_optax_optimizer(factory)(...) to override them "
         "per step."
       )
-    return super().update_hyper_params(**hyper_param_overrides)
+    hyper_params = hyper_param_overrides.pop("hyper_params", self.hyper_params)
+    nested = {k: v for k, v in hyper_param_overrides.items() if k not in hyper_params}
+    if nested and self._factory is not None and _reachable_names(hyper_params):
+      # Names of wrapped optimizers among the arguments (chain([adamw(...)]),
+      # mechanize(base_optimizer=...)) reach them, as in a MultiOptimizer.
+      valid = set(hyper_params) | _reachable_names(hyper_params)
+      unused = sorted(nested.keys() - valid)
+      if unused:
+        raise TypeError(
+          f"{self!r}: unknown hyper-parameter(s) {unused}; the valid names are: "
+          f"{', '.join(sorted(valid))}"
+        )
+      hyper_params = HyperParams(**{k: _route(v, nested) for k, v in hyper_params.items()})
+      hyper_param_overrides = {k: v for k, v in hyper_param_overrides.items() if k not in nested}
+    return super().update_hyper_params(hyper_params=hyper_params, **hyper_param_overrides)
+
+  def _with_hyper_params(self, hyper_params: HyperParams) -> OptaxWrapper:
+    """This definition with other hyper-parameter values (traced ones included)."""
+    new = type(self).__new__(type(self))
+    new._setup(hyper_params, self._factory, self._name)
+    new.optax_optimizer = new._build(hyper_params)
+    return new
 
   def as_optax(self) -> Any:
-    """The wrapped optax transformation itself: exact, with optax's own state."""
-    return self.optax_optimizer
+    """The wrapped optax transformation: exact, with optax's own state. Boxed
+    parameters (nnx Variables) are unboxed before ``init``, so the state holds
+    arrays, as ``update`` sees them."""
+    tx = self.optax_optimizer
+    return optax.GradientTransformationExtraArgs(
+      lambda params: tx.init(paths.unbox(params)), optax.with_extra_args_support(tx).update
+    )
 
   def derive_param_states_axes(
     self, param_states: PyTree, params: PyTree, params_axes: PyTree
@@ -275,6 +301,28 @@ def _chain(transformations: Sequence[Any]) -> optax.GradientTransformationExtraA
 
 
 chain = wrap_optax_optimizer(_chain, name="chain")
+
+
+def _reachable_names(hyper_params: HyperParams) -> set[str]:
+  """The hyper-parameter names of the wrapped definitions among ``hyper_params``."""
+  names: set[str] = set()
+  for value in hyper_params.values():
+    for item in value if isinstance(value, (list, tuple)) else (value,):
+      if isinstance(item, OptaxWrapper) and item._factory is not None:
+        names |= set(item.hyper_params) | _reachable_names(item.hyper_params)
+  return names
+
+
+def _route(value: Any, overrides: dict[str, Any]) -> Any:
+  """``value`` with the overrides its wrapped definitions can take applied."""
+  if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+    return type(value)(_route(v, overrides) for v in value)
+  if isinstance(value, OptaxWrapper) and value._factory is not None:
+    reachable = set(value.hyper_params) | _reachable_names(value.hyper_params)
+    applicable = {k: v for k, v in overrides.items() if k in reachable}
+    if applicable:
+      return value._with_hyper_params(value.update_hyper_params(**applicable))
+  return value
 
 
 def _as_optax(value: Any) -> Any:

@@ -100,6 +100,23 @@ def hidden_child(node: Any) -> tuple[Any, Any] | None:
   return children[0][1], treedef
 
 
+def unbox(tree: Any) -> Any:
+  """``tree`` with every registered single-array wrapper (an nnx Variable)
+  replaced by its array; wrappers of whole subtrees (a treeo Tree) stay.
+
+  Optimizer states hold arrays: a framework that hands ``init`` its boxed
+  parameters (``nnx.Optimizer``) and ``update`` plain arrays gets one layout.
+  """
+  if not _HIDDEN_LEVELS:
+    return tree
+
+  def is_box(node: Any) -> bool:
+    hidden = hidden_child(node)
+    return hidden is not None and children_with_keys(hidden[0]) is None
+
+  return jax.tree.map(lambda x: hidden_child(x)[0] if is_box(x) else x, tree, is_leaf=is_box)
+
+
 def leaves_with_names(
   tree: Any, *, keep_none: bool = False
 ) -> tuple[list[tuple[tuple[str, ...], Any]], Any]:
