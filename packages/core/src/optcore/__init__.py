@@ -66,6 +66,7 @@ del _name
 # T5X's Adafactor module; callable, it stays optax's adafactor alias too. Imported by
 # name: `from optcore import adafactor` would return the alias function set above.
 adafactor = _importlib.import_module("optcore.adafactor")
+from optcore import config as config  # noqa: E402  (reads the names above)
 from optcore import legacy as legacy  # noqa: E402
 
 
@@ -102,6 +103,7 @@ __all__ = [
   "StateDictError",
   "TreeMismatchError",
   "chain",
+  "config",
   "adafactor",
   "contrib",
   "derive_optax_logical_axes",

@@ -31,6 +31,10 @@ def static_key(value: Any, _seen: frozenset = frozenset()) -> Any:
     return (type(value).__name__, value)
   if isinstance(value, jax.core.Tracer):
     return ("traced", id(value))
+  if isinstance(value, np.dtype) or (
+    isinstance(value, type) and (issubclass(value, np.generic) or hasattr(value, "dtype"))
+  ):  # jnp.float32, np.float32 and dtype('float32') are one dtype
+    return ("dtype", np.dtype(value).str)
   if isinstance(value, (np.ndarray, np.generic, jax.Array)):
     a = np.asarray(value)
     return ("array", a.dtype.str, a.shape, a.tobytes())
