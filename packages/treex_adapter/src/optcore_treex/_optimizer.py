@@ -6,7 +6,6 @@ import typing as tp
 from collections.abc import Mapping
 
 import jax
-import optax
 import treeo as to
 
 import optcore
@@ -66,9 +65,16 @@ class Optimizer(to.Tree):
     return module
 
   def update(
-    self, grads: PyTree, params: PyTree | None = None, apply_updates: bool = True
+    self,
+    grads: PyTree,
+    params: PyTree | None = None,
+    apply_updates: bool = True,
+    **hyper_param_overrides: tp.Any,
   ) -> PyTree:
     """Updates this optimizer's state; returns the new params, or the updates.
+
+    Keyword arguments override hyper-parameters for this step
+    (``learning_rate=lr``), an optcore addition to Treex's API.
 
     Raises:
       RuntimeError: the optimizer is not initialised.
@@ -92,21 +98,23 @@ class Optimizer(to.Tree):
         )
     if params is not None:
       check_same_structure(params, grads, "grads")
-    if isinstance(self.optimizer_def, optcore.OptaxWrapper):
-      # The transformation's own updates: exact, and params are optional as in optax.
-      tx = self.optimizer_def.as_optax()
-      updates, opt_state = tx.update(grads, self.state.param_states, params)
-      new_state = optcore.OptimizerState(self.state.step + 1, opt_state)
-      output = optax.apply_updates(params, updates) if apply_updates else updates
-    else:
+    optimizer_def = self.optimizer_def
+    hyper_params = optimizer_def.update_hyper_params(**hyper_param_overrides)
+    if apply_updates or not isinstance(optimizer_def, optcore.OptaxWrapper):
       if params is None:
         raise ValueError(
-          f"{self.optimizer_def!r} computes new parameters from the old ones: pass params"
+          f"{optimizer_def!r} computes new parameters from the old ones: pass params"
         )
-      new_params, new_state = self.optimizer_def.apply_gradient(
-        self.optimizer_def.hyper_params, params, self.state, grads
-      )
+      new_params, new_state = optimizer_def.apply_gradient(hyper_params, params, self.state, grads)
       output = new_params if apply_updates else jax.tree.map(lambda a, b: a - b, new_params, params)
+    else:  # the transformation's own updates: exact, and params optional as in optax
+      tx = (
+        optimizer_def._build(hyper_params)
+        if hyper_param_overrides
+        else optimizer_def.optax_optimizer
+      )
+      output, opt_state = tx.update(grads, self.state.param_states, params)
+      new_state = optcore.OptimizerState(self.state.step + 1, opt_state)
     self.state = new_state
     return output
 
