@@ -70,7 +70,7 @@ def run_pytest(
 def tests(session: nox.Session, variant: str) -> None:
   """The test suite on CPU, one venv per package."""
   package, folders = VARIANTS[variant]
-  sync(session, package, "test")
+  sync(session, package, "test", *(["checkpoint"] if package is None else []))
   run_pytest(session, folders)
 
 
