@@ -2,7 +2,7 @@
 
   nox -s tests       every CPU variant: core, flax, equinox, treex, all
   nox -s lint        ruff check and ruff format --check
-  nox -s demo        the main example
+  nox -s demo        one config, four frameworks (examples/swap_frameworks.py)
   nox -s bench       the benchmarks (reports under benchmarks/results/)
   nox -s wheels      build the four wheels, install them as a user would
   nox -s tests-cuda  the suite on JAX's CUDA build (needs an NVIDIA GPU)
@@ -70,7 +70,7 @@ def run_pytest(
 def tests(session: nox.Session, variant: str) -> None:
   """The test suite on CPU, one venv per package."""
   package, folders = VARIANTS[variant]
-  sync(session, package, "test", *(["checkpoint"] if package is None else []))
+  sync(session, package, "test", *(["checkpoint", "demo"] if package is None else []))
   run_pytest(session, folders)
 
 
@@ -132,9 +132,10 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def demo(session: nox.Session) -> None:
-  """Runs the main example."""
-  sync(session, None)
-  session.run("python", "examples/quickstart_core.py")
+  """One config through the core, Flax, Equinox and Treex: the same numbers, a
+  checkpoint moved between frameworks, the loss curves in swap_frameworks.png."""
+  sync(session, None, "checkpoint", "demo")
+  session.run("python", "examples/swap_frameworks.py", *session.posargs)
 
 
 @nox.session(python=PYTHON)

@@ -9,10 +9,10 @@ from pathlib import Path
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-def run_example(name: str, timeout: int = 300) -> str:
-  """Runs ``examples/<name>`` in a fresh interpreter; returns its stdout, fails on errors."""
+def run_example(name: str, *args: str, timeout: int = 300) -> str:
+  """Runs ``examples/<name> *args`` in a fresh interpreter; returns stdout, fails on errors."""
   result = subprocess.run(
-    [sys.executable, str(EXAMPLES / name)],
+    [sys.executable, str(EXAMPLES / name), *args],
     capture_output=True,
     text=True,
     timeout=timeout,
