@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import treeo as to
 from hypothesis import HealthCheck, given, settings
+from optimizer_catalogue import CASES
 from tree_testing import assert_trees_equal
 
 import optcore
@@ -91,8 +92,19 @@ def kwargs(lr) -> dict[str, Any]:
   return {} if lr is None else {"learning_rate": lr}
 
 
+class _Definition:
+  """A ready definition where the runners expect a config."""
+
+  def __init__(self, make):
+    self.make = make
+
+
+def build(config) -> optcore.OptimizerDef:
+  return config.make() if isinstance(config, _Definition) else from_config(config)
+
+
 def run_core(config, leaves, grads, override):
-  opt = from_config(config).create(leaves)
+  opt = build(config).create(leaves)
   step = jax.jit(lambda o, g, kw: o.apply_gradient(g, **kw))
   for g, lr in zip(grads, rates(override), strict=True):
     opt = step(opt, g, kwargs(lr))
@@ -100,7 +112,7 @@ def run_core(config, leaves, grads, override):
 
 
 def run_flax(config, leaves, grads, override):
-  optimizer = from_config(config).create(flax.core.freeze(leaves))
+  optimizer = build(config).create(flax.core.freeze(leaves))
   assert isinstance(optimizer, optcore_flax.optim.Optimizer)
   step = jax.jit(lambda o, g, kw: o.apply_gradient(g, **kw))
   for g, lr in zip(grads, rates(override), strict=True):
@@ -111,7 +123,7 @@ def run_flax(config, leaves, grads, override):
 
 def run_equinox(config, leaves, grads, override):
   model = EqxParams(leaves)
-  opt = optcore_equinox.Optimizer(from_config(config), model)
+  opt = optcore_equinox.Optimizer(build(config), model)
 
   @eqx.filter_jit
   def step(model, opt, g, kw):
@@ -124,7 +136,7 @@ def run_equinox(config, leaves, grads, override):
 
 def run_treex(config, leaves, grads, override):
   params = TreeoParams(leaves)
-  optimizer = optcore_treex.Optimizer(from_config(config)).init(params)
+  optimizer = optcore_treex.Optimizer(build(config)).init(params)
 
   @jax.jit
   def step(params, optimizer, g, kw):
@@ -159,3 +171,49 @@ def test_every_face_gives_the_same_numbers(tree, config, override):
 def test_the_catalogue_of_configs_builds():
   for config in CONFIGS:
     assert isinstance(from_config(config), optcore.OptimizerDef), config
+
+
+def _by_traversal():
+  kernels = optcore.ModelParamTraversal(lambda path, _: path.endswith(("kernel", "embed")))
+  others = optcore.ModelParamTraversal(lambda path, _: not path.endswith(("kernel", "embed")))
+  return optcore.MultiOptimizer((kernels, optcore.adamw(1e-2)), (others, optcore.legacy.Adam(1e-2)))
+
+
+def _by_mask():
+  def kernel_mask(params):  # a function from params to a mask: any container
+    return jax.tree_util.tree_map_with_path(
+      lambda path, _: jax.tree_util.keystr(path).endswith(("'kernel']", "'embed']")), params
+    )
+
+  others = lambda params: jax.tree.map(lambda k: not k, kernel_mask(params))
+  return optcore.MultiOptimizer([(kernel_mask, optcore.lion(1e-3)), (others, optcore.sgd(0.1))])
+
+
+CATALOGUE = [c for c in CASES if c.extra is None and not c.per_example]
+
+
+@pytest.mark.parametrize(
+  "make",
+  [
+    *(lambda c=c: c.optcore_factory()(**c.optcore_kwargs()) for c in CATALOGUE),
+    _by_traversal,
+    _by_mask,
+  ],
+  ids=[*(c.name for c in CATALOGUE), "multi-by-traversal", "multi-by-mask"],
+)
+def test_every_wrapped_optimizer_gives_the_same_numbers_everywhere(make):
+  """Every optax and contrib alias (those without extra update arguments), and
+  MultiOptimizers by traversal and by mask, with a learning-rate override per step."""
+  rng = np.random.default_rng(0)
+  shapes = {"kernel": (4, 3), "bias": (3,), "embed": (5, 4)}
+  leaves = {n: jnp.asarray(rng.normal(size=s), jnp.float32) for n, s in shapes.items()}
+  grads = [
+    {n: jnp.asarray(rng.normal(size=s), jnp.float32) for n, s in shapes.items()}
+    for _ in range(STEPS)
+  ]
+  name = getattr(make(), "_name", "")
+  override = not any(c.name == name and c.lr_name != "learning_rate" for c in CASES)
+  config_like = _Definition(make)
+  reference = run_core(config_like, leaves, grads, override)
+  for face in (run_flax, run_equinox, run_treex):
+    assert_trees_equal(face(config_like, leaves, grads, override), reference)

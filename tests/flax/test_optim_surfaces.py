@@ -287,3 +287,16 @@ def test_factored_adafactor_in_an_nnx_optimizer():
   )
   core = core.apply_gradient(nnx.to_pure_dict(grads))
   assert_trees_equal(nnx.to_pure_dict(nnx.state(model, nnx.Param)), core.target)
+
+
+def test_prng_key_state_survives_msgpack():
+  """msgpack has no typed keys: noisy_sgd's key is written as its key data and rewrapped."""
+  optimizer = _trained(lambda: optimizers.noisy_sgd(1e-2, key=0))
+  restored = serialization.from_bytes(
+    optimizers.noisy_sgd(1e-2, key=0).create(PARAMS), serialization.to_bytes(optimizer)
+  )
+  key = restored.state.param_states[0].rng_key
+  assert jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
+  np.testing.assert_array_equal(
+    jax.random.key_data(key), jax.random.key_data(optimizer.state.param_states[0].rng_key)
+  )

@@ -27,6 +27,7 @@ from flax import nnx as _nnx
 from flax import serialization as _serialization
 
 import optcore as _optcore
+from optcore._src.serialization import key_data_for_export as _key_data
 from optcore_flax import adafactor as adafactor
 from optcore_flax import optim as optim
 from optcore_flax import optimizers as optimizers
@@ -36,15 +37,16 @@ from optcore_flax._linen import optimizer_shardings as optimizer_shardings
 from optcore_flax._linen import param_logical_axes as param_logical_axes
 
 _optcore.register_hidden_level(_nnx.Variable)
+# msgpack has no typed PRNG keys (noisy_sgd, dpsgd): their key data is written instead.
 _serialization.register_serialization_state(
   _optcore.Optimizer,
-  lambda optimizer: optimizer.state_dict(),
+  lambda optimizer: _key_data(optimizer.state_dict()),
   lambda optimizer, state_dict: optimizer.restore_state(state_dict),
   override=True,
 )
 _serialization.register_serialization_state(
   _optcore.OptimizerState,
-  _optcore.to_state_dict,
+  lambda state: _key_data(_optcore.to_state_dict(state)),
   lambda state, state_dict: _optcore.from_state_dict(state, state_dict),
   override=True,
 )

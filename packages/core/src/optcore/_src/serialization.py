@@ -127,6 +127,9 @@ def _restore_leaf(ref: Any, value: Any, path: str) -> Any:
     return value
   if isinstance(value, Mapping) or value is None:
     raise StateDictError(f"at {path!r}: expected {describe(ref)}, found {describe(value)}.")
+  if _is_key(ref) and not _is_key(value):
+    # Formats without typed PRNG keys (msgpack, ...) store their key data.
+    value = _wrap_key_data(ref, value, path)
   ref_shape = np.shape(ref)
   if np.shape(value) != ref_shape:
     raise StateDictError(
@@ -145,6 +148,27 @@ def _restore_leaf(ref: Any, value: Any, path: str) -> Any:
         f"checkpoint's value to {_dtype_name(ref_dtype)} before restoring it."
       )
   return value
+
+
+def _is_key(x: Any) -> bool:
+  dtype = getattr(x, "dtype", None)
+  return dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+
+
+def _wrap_key_data(ref: Any, value: Any, path: str) -> Any:
+  impl = jax.random.key_impl(ref) if isinstance(ref, jax.Array) else None
+  expected = jax.eval_shape(jax.random.key_data, ref)
+  if np.shape(value) != expected.shape or np.asarray(value).dtype != expected.dtype:
+    raise StateDictError(
+      f"at {path!r}: expected {describe(ref)} or its key data of shape {expected.shape} and "
+      f"dtype {expected.dtype}, found {describe(value)}."
+    )
+  return jax.random.wrap_key_data(np.asarray(value), impl=impl)
+
+
+def key_data_for_export(tree: Any) -> Any:
+  """``tree`` with typed PRNG key arrays as their key data, for formats without them."""
+  return jax.tree.map(lambda x: jax.random.key_data(x) if _is_key(x) else x, tree)
 
 
 def _is_empty(tree: Any) -> bool:
