@@ -140,10 +140,11 @@ def demo(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
-  """Step time against raw optax, and sharded state memory on 8 devices;
-  writes benchmarks/results/."""
+  """optcore against raw optax for every face (step time, eager, compile, memory,
+  bandwidth), the Equinox filter_jit loop, and sharded state memory on 8
+  devices; writes Markdown and JSON reports to benchmarks/results/."""
   sync(session, None)
-  session.run("python", "benchmarks/run.py", *session.posargs)
+  session.run("python", "benchmarks/suite.py", *session.posargs)
   session.run("python", "benchmarks/equinox_step.py", *session.posargs)
   session.run("python", "benchmarks/state_memory.py", env=EIGHT_CPU_DEVICES)
 

@@ -60,6 +60,8 @@ def state_bytes_per_device(opt: optcore.Optimizer) -> int:
 
 def main() -> None:
   devices = jax.devices()
+  if len(devices) < 8:  # one accelerator: measure on the 8 forced host devices instead
+    devices = jax.devices("cpu")
   if len(devices) < 8:
     raise SystemExit(
       f"needs 8 devices, found {len(devices)}: run with "

@@ -60,8 +60,23 @@ class _AdadeltaParamState:
 
 
 def _bias_correction(beta: Any, step: jax.Array, dtype: Any) -> jax.Array:
-  t = jnp.asarray(step + 1, dtype)
-  return 1 - beta**t
+  """``1 - beta**(step + 1)`` in ``dtype``.
+
+  An eager step asks for it once per parameter with the same ``step``: it is
+  computed once per (step, beta, dtype) there (jit dedupes it by itself).
+  """
+  if isinstance(step, jax.core.Tracer) or not isinstance(beta, (int, float)):
+    return 1 - beta ** jnp.asarray(step + 1, dtype)
+  key = (id(step), beta, jnp.dtype(dtype).str)
+  hit = _EAGER_CORRECTIONS.get(key)
+  if hit is None or hit[0] is not step:  # ids are reused once an array is gone
+    if len(_EAGER_CORRECTIONS) > 64:
+      _EAGER_CORRECTIONS.clear()
+    hit = _EAGER_CORRECTIONS[key] = (step, 1 - beta ** jnp.asarray(step + 1, dtype))
+  return hit[1]
+
+
+_EAGER_CORRECTIONS: dict[tuple, tuple[Any, jax.Array]] = {}
 
 
 def _ema(beta: Any, old: jax.Array, new: jax.Array) -> jax.Array:
