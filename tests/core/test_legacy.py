@@ -420,3 +420,17 @@ def test_legacy_state_axes_have_the_rank_of_each_leaf(make):
   for leaf, spec in zip(state_leaves, spec_leaves, strict=True):
     assert len(spec) == leaf.ndim, (leaf.shape, spec)
   assert derived.restore_state(derived.state_dict()) == derived
+
+
+def test_eager_steps_equal_jitted_steps_for_bias_corrected_algorithms():
+  """Eager steps share one bias correction per step across parameters; the numbers
+  equal the jitted steps, including after the step object changes."""
+  params = jax.tree.map(jnp.asarray, make_params())
+  grads = make_grads(params)
+  for make in (lambda: legacy.Adam(0.1, weight_decay=0.01), lambda: legacy.LAMB(0.1)):
+    eager, jitted = make().create(params), make().create(params)
+    step = jax.jit(lambda o, g: o.apply_gradient(g))
+    for g in grads:
+      eager, jitted = eager.apply_gradient(g), step(jitted, g)
+    for a, b in zip(jax.tree.leaves(eager), jax.tree.leaves(jitted), strict=True):
+      np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
