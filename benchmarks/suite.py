@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax.training import train_state
-from run import compiled_costs, make_params, median_ratio, time_interleaved
+from run import compiled_costs, make_params, median_ratio, raw_step, time_interleaved
 
 import optcore
 import optcore_equinox
@@ -104,14 +104,9 @@ def block(tree):
 
 
 def jitted_runners(opt_def, tx, params, grads, steps: int) -> tuple[dict, dict]:
-  """Runner functions (each runs ``steps`` steps) and their initial holders."""
+  """Runner functions (each runs ``steps`` steps), and the raw and core jitted steps."""
 
-  @jax.jit
-  def raw_step(p, s, g):
-    updates, s = tx.update(g, s, p)
-    return optax.apply_updates(p, updates), s
-
-  raw_step = jax.jit(raw_step.__wrapped__, donate_argnums=(0, 1))
+  raw = raw_step(tx)  # run.py's jitted, donated optax step
   core_step = jax.jit(lambda o, g: o.apply_gradient(g), donate_argnums=(0,))
   ts_step = jax.jit(lambda s, g: s.apply_gradients(grads=g), donate_argnums=(0,))
   eqx_step = jax.jit(lambda m, o, g: o.update(g, m), donate_argnums=(0, 1))
@@ -133,8 +128,8 @@ def jitted_runners(opt_def, tx, params, grads, steps: int) -> tuple[dict, dict]:
     "treex": [copy(params), optcore_treex.Optimizer(opt_def).init(params)],
   }
   steps_of = {
-    "raw": raw_step,
-    "raw_control": raw_step,
+    "raw": raw,
+    "raw_control": raw,
     "core": core_step,
     "flax_raw": ts_step,
     "flax": ts_step,
@@ -155,7 +150,7 @@ def jitted_runners(opt_def, tx, params, grads, steps: int) -> tuple[dict, dict]:
 
     return run
 
-  return {k: runner(k) for k in state}, {"raw": raw_step, "core": core_step, "state": state}
+  return {k: runner(k) for k in state}, {"raw": raw, "core": core_step}
 
 
 def bench_jitted(name, size, leaves, rounds, steps) -> dict:
@@ -214,12 +209,8 @@ def bench_compile(name, leaves, rounds) -> dict:
   grads = jax.tree.map(jnp.ones_like, params)
   opt_def, tx = optimizers()[name]()
 
-  def raw_step(p, s, g):
-    updates, s = tx.update(g, s, p)
-    return optax.apply_updates(p, updates), s
-
   cases = (
-    ("raw", raw_step, (params, tx.init(params), grads)),
+    ("raw", raw_step(tx).__wrapped__, (params, tx.init(params), grads)),
     ("core", lambda o, g: o.apply_gradient(g), (opt_def.create(params), grads)),
   )
   times: dict[str, list[float]] = {"raw": [], "core": []}

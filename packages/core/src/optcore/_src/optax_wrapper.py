@@ -126,10 +126,11 @@ class OptaxWrapper(OptimizerDef):
       )
     hyper_params = hyper_param_overrides.pop("hyper_params", self.hyper_params)
     nested = {k: v for k, v in hyper_param_overrides.items() if k not in hyper_params}
-    if nested and self._factory is not None and _reachable_names(hyper_params):
+    reachable = _reachable_names(hyper_params) if nested and self._factory is not None else set()
+    if reachable:
       # Names of wrapped optimizers among the arguments (chain([adamw(...)]),
       # mechanize(base_optimizer=...)) reach them, as in a MultiOptimizer.
-      valid = set(hyper_params) | _reachable_names(hyper_params)
+      valid = set(hyper_params) | reachable
       unused = sorted(nested.keys() - valid)
       if unused:
         raise TypeError(
