@@ -36,7 +36,7 @@ VARIANTS = {
   "flax": ("optcore-flax", ["tests/flax"]),
   "equinox": ("optcore-equinox", ["tests/equinox"]),
   "treex": ("optcore-treex", ["tests/treex"]),
-  "all": (None, ["tests/conformance", "tests/distributed"]),
+  "all": (None, ["tests/conformance", "tests/distributed", "tests/benchmarks"]),
 }
 # The multi-device tests run on 8 CPU devices (and spawn their own processes
 # for the loopback multi-process run).

@@ -10,14 +10,20 @@ shuffled order, as the median of per-round ratios after a warm-up:
   equinox  optcore_equinox.Optimizer.update  vs  the optax loop
   treex    optcore_treex.Optimizer.update    vs  the optax loop
 
-plus an A/A control (raw against raw), the eager (un-jitted) step, the
-compiled peak memory, the update's effective memory bandwidth against a
-measured copy, and trace+compile time of a 1000-leaf step. The raw equivalent
-of a MultiOptimizer is ``optax.partition``; of flax.optim's Adam, the same
-algorithm written by hand as an optax transformation. A flattened fast path
-(``optax.flatten``: one buffer for all leaves) is measured beside them.
+Each comparison is compile-order balanced (``timing.balanced_ratio``): it runs
+in fresh executables compiled in both orders, because on XLA's CPU backend the
+first-compiled of identical programs runs fastest. The A/A control (raw
+against a separately compiled raw) goes through the same procedure and shows
+the noise floor.
 
-  python benchmarks/suite.py            # the full run (about 10 minutes on 2 CPU cores)
+Also measured: the eager (un-jitted) step, the compiled peak memory, the
+update's effective memory bandwidth against a measured copy, and trace+compile
+time of a 1000-leaf step. The raw equivalent of a MultiOptimizer is
+``optax.partition``; of flax.optim's Adam, the same algorithm written by hand
+as an optax transformation. A flattened fast path (``optax.flatten``: one
+buffer for all leaves) is measured beside them.
+
+  python benchmarks/suite.py            # the full run (about 20 minutes on 2 CPU cores)
   python benchmarks/suite.py --quick    # small sizes, for a smoke run
 """
 
@@ -35,7 +41,14 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax.training import train_state
-from run import compiled_costs, make_params, median_ratio, raw_step, time_interleaved
+from timing import (
+  balanced_ratio,
+  compiled_costs,
+  make_params,
+  median_ratio,
+  raw_step,
+  time_interleaved,
+)
 
 import optcore
 import optcore_equinox
@@ -103,80 +116,81 @@ def block(tree):
   jax.block_until_ready(tree)
 
 
-def jitted_runners(opt_def, tx, params, grads, steps: int) -> tuple[dict, dict]:
-  """Runner functions (each runs ``steps`` steps), and the raw and core jitted steps."""
+COMPARISONS = {  # face -> (the raw equivalent it is timed against, the face)
+  "control": ("raw", "raw_control"),
+  "core": ("raw", "core"),
+  "flax": ("flax_raw", "flax"),
+  "equinox": ("raw", "equinox"),
+  "treex": ("raw", "treex"),
+}
 
-  raw = raw_step(tx)  # run.py's jitted, donated optax step
-  core_step = jax.jit(lambda o, g: o.apply_gradient(g), donate_argnums=(0,))
-  ts_step = jax.jit(lambda s, g: s.apply_gradients(grads=g), donate_argnums=(0,))
-  eqx_step = jax.jit(lambda m, o, g: o.update(g, m), donate_argnums=(0, 1))
+
+def runner_builder(opt_def, tx, params, grads, steps: int):
+  """``build(key)``: a fresh runner (new jitted step, new buffers) that runs ``steps`` steps."""
 
   def treex_fn(p, o, g):
     return o.update(g, p), o
 
-  treex_step = jax.jit(treex_fn, donate_argnums=(0, 1))
+  def fresh(key):  # (jitted step, initial arguments); nothing is compiled here
+    if key in ("raw", "raw_control"):
+      return raw_step(tx), [copy(params), tx.init(params)]
+    if key == "core":
+      step = jax.jit(lambda o, g: o.apply_gradient(g), donate_argnums=(0,))
+      return step, [opt_def.create(copy(params))]
+    if key in ("flax_raw", "flax"):
+      step = jax.jit(lambda s, g: s.apply_gradients(grads=g), donate_argnums=(0,))
+      face_tx = tx if key == "flax_raw" else opt_def.as_optax()
+      return step, [train_state.TrainState.create(apply_fn=None, params=copy(params), tx=face_tx)]
+    if key == "equinox":
+      step = jax.jit(lambda m, o, g: o.update(g, m), donate_argnums=(0, 1))
+      return step, [copy(params), optcore_equinox.Optimizer(opt_def, params)]
+    if key == "treex":
+      step = jax.jit(treex_fn, donate_argnums=(0, 1))
+      return step, [copy(params), optcore_treex.Optimizer(opt_def).init(params)]
+    raise KeyError(key)
 
-  state = {
-    "raw": [copy(params), tx.init(params)],
-    "raw_control": [copy(params), tx.init(params)],
-    "core": [opt_def.create(copy(params))],
-    "flax_raw": [train_state.TrainState.create(apply_fn=None, params=copy(params), tx=tx)],
-    "flax": [
-      train_state.TrainState.create(apply_fn=None, params=copy(params), tx=opt_def.as_optax())
-    ],
-    "equinox": [copy(params), optcore_equinox.Optimizer(opt_def, params)],
-    "treex": [copy(params), optcore_treex.Optimizer(opt_def).init(params)],
-  }
-  steps_of = {
-    "raw": raw,
-    "raw_control": raw,
-    "core": core_step,
-    "flax_raw": ts_step,
-    "flax": ts_step,
-    "equinox": eqx_step,
-    "treex": treex_step,
-  }
-
-  def runner(key):
-    fn = steps_of[key]
+  def build(key):
+    fn, args = fresh(key)
+    holder = [args]
 
     def run():
-      args = state[key]
+      args = holder[0]
       for _ in range(steps):
         out = fn(*args, grads)
         args = list(out) if isinstance(out, tuple) else [out]
       block(args)
-      state[key] = args
+      holder[0] = args
 
     return run
 
-  return {k: runner(k) for k in state}, {"raw": raw, "core": core_step}
+  return build
 
 
 def bench_jitted(name, size, leaves, rounds, steps) -> dict:
   params = make_params(size, leaves)
   grads = jax.tree.map(lambda p: 1e-3 * jnp.ones_like(p), params)
   opt_def, tx = optimizers()[name]()
-  runners, parts = jitted_runners(opt_def, tx, params, grads, steps)
-  raw_costs = compiled_costs(parts["raw"], copy(params), tx.init(params), grads)
-  core_costs = compiled_costs(parts["core"], opt_def.create(copy(params)), grads)
-  times = time_interleaved(runners, rounds, steps)
-  raw_s = statistics.median(times["raw"])
+  raw_costs = compiled_costs(raw_step(tx), copy(params), tx.init(params), grads)
+  core_step = jax.jit(lambda o, g: o.apply_gradient(g), donate_argnums=(0,))
+  core_costs = compiled_costs(core_step, opt_def.create(copy(params)), grads)
+  build = runner_builder(opt_def, tx, params, grads, steps)
+  results = {
+    face: balanced_ratio(build, base, key, rounds, steps)
+    for face, (base, key) in COMPARISONS.items()
+  }
+  raw_times = [t for face, r in results.items() if face != "flax" for t in r["base_times"]]
+  raw_s = statistics.median(raw_times)
   row = {
     "optimizer": name,
     "params": int(sum(p.size for p in jax.tree.leaves(params))),
     "leaves": leaves,
     "raw_ms": 1e3 * raw_s,
-    "core": median_ratio(times, "core"),
-    "flax": median_ratio(times, "flax", base="flax_raw"),
-    "equinox": median_ratio(times, "equinox"),
-    "treex": median_ratio(times, "treex"),
-    "control": median_ratio(times, "raw_control"),
+    **{face: r["ratio"] for face, r in results.items()},
+    "order_effect": {face: (r["base_first"], r["face_first"]) for face, r in results.items()},
     "peak_memory_ratio": core_costs[1] / raw_costs[1],
     "bytes_accessed_ratio": core_costs[0] / raw_costs[0],
     "raw_bandwidth_gbs": raw_costs[0] / raw_s / 1e9,
   }
-  del runners, parts
   return row
 
 
@@ -247,28 +261,29 @@ def bench_flattened(size, leaves, rounds, steps) -> dict:
   """The fast path: optax.flatten keeps one buffer per state field for all leaves."""
   params = make_params(size, leaves)
   grads = jax.tree.map(lambda p: 1e-3 * jnp.ones_like(p), params)
-  plain = optcore.adam(LR)
-  flat = optcore.OptaxWrapper(optax.flatten(optax.adam(LR)))
-  holders = {"core": plain.create(copy(params)), "flattened": flat.create(copy(params))}
-  step = jax.jit(lambda o, g: o.apply_gradient(g), donate_argnums=(0,))
+  definitions = {
+    "core": optcore.adam(LR),
+    "flattened": optcore.OptaxWrapper(optax.flatten(optax.adam(LR))),
+  }
 
-  def runner(key):
+  def build(key):
+    step = jax.jit(lambda o, g: o.apply_gradient(g), donate_argnums=(0,))
+    holder = [definitions[key].create(copy(params))]
+
     def run():
-      o = holders[key]
+      o = holder[0]
       for _ in range(steps):
         o = step(o, grads)
       block(o)
-      holders[key] = o
+      holder[0] = o
 
     return run
 
-  times = time_interleaved(
-    {"core": runner("core"), "flattened": runner("flattened")}, rounds, steps
-  )
+  result = balanced_ratio(build, "core", "flattened", rounds, steps)
   return {
     "params": size,
-    "core_ms": 1e3 * statistics.median(times["core"]),
-    "flattened": median_ratio(times, "flattened", base="core"),
+    "core_ms": 1e3 * statistics.median(result["base_times"]),
+    "flattened": result["ratio"],
   }
 
 
@@ -303,7 +318,9 @@ def main() -> None:
         f"{name:12s} {row['params'] / 1e6:5.1f}M: raw {row['raw_ms']:8.2f} ms "
         f"| core x{fmt(row['core'])} | flax x{row['flax'][0]:.3f} "
         f"| equinox x{row['equinox'][0]:.3f} | treex x{row['treex'][0]:.3f} "
-        f"| A/A x{row['control'][0]:.3f} | peak mem x{row['peak_memory_ratio']:.4f} "
+        f"| A/A x{row['control'][0]:.3f} | core compiled second/first "
+        f"x{row['order_effect']['core'][0]:.3f}/x{row['order_effect']['core'][1]:.3f} "
+        f"| peak mem x{row['peak_memory_ratio']:.4f} "
         f"| {row['raw_bandwidth_gbs']:.1f} GB/s "
         f"({row['raw_bandwidth_gbs'] / copy_gbs:.0%} of copy)",
         flush=True,
@@ -341,18 +358,20 @@ def main() -> None:
   }
   (RESULTS / "suite.json").write_text(json.dumps(report, indent=2))
   lines = [
-    f"optcore against raw optax, measured in one run on {machine}; medians of per-round ratios "
-    f"over {args.rounds} shuffled rounds [quartiles]. Copy bandwidth {copy_gbs:.1f} GB/s.",
+    f"optcore against raw optax, measured in one run on {machine}; medians of per-round "
+    f"ratios over {args.rounds} shuffled rounds [quartiles], compile-order balanced. "
+    f"Copy bandwidth {copy_gbs:.1f} GB/s.",
     "",
     "| optimizer | params | raw step (ms) | core | flax (TrainState) | equinox | treex "
-    "| A/A control | peak memory | raw bandwidth (of copy) |",
-    "|---|---|---|---|---|---|---|---|---|---|",
+    "| A/A control | core if compiled second / first | peak memory | raw bandwidth (of copy) |",
+    "|---|---|---|---|---|---|---|---|---|---|---|",
   ]
   for r in jitted:
     lines.append(
       f"| {r['optimizer']} | {r['params'] / 1e6:.1f}M | {r['raw_ms']:.2f} | {fmt(r['core'])} "
       f"| {r['flax'][0]:.3f} | {r['equinox'][0]:.3f} | {r['treex'][0]:.3f} "
-      f"| {r['control'][0]:.3f} | {r['peak_memory_ratio']:.4f} "
+      f"| {r['control'][0]:.3f} | {r['order_effect']['core'][0]:.3f} / "
+      f"{r['order_effect']['core'][1]:.3f} | {r['peak_memory_ratio']:.4f} "
       f"| {r['raw_bandwidth_gbs']:.1f} GB/s ({r['raw_bandwidth_gbs'] / copy_gbs:.0%}) |"
     )
   lines += [
