@@ -297,9 +297,10 @@ def main() -> None:
   parser.add_argument("--leaves", type=int, default=300)
   parser.add_argument("--rounds", type=int, default=7)
   parser.add_argument("--compile-leaves", type=int, default=1000)
+  parser.add_argument("--optimizers", nargs="+", choices=list(optimizers()))
   parser.add_argument("--quick", action="store_true")
   args = parser.parse_args()
-  names = list(optimizers())
+  names = args.optimizers or list(optimizers())
   if args.quick:
     args.sizes, args.rounds, args.compile_leaves = [1e5], 3, 100
   device = jax.devices()[0]
