@@ -44,6 +44,7 @@ from flax.training import train_state
 from timing import (
   balanced_ratio,
   compiled_costs,
+  core_step,
   make_params,
   median_ratio,
   raw_step,
@@ -135,8 +136,7 @@ def runner_builder(opt_def, tx, params, grads, steps: int):
     if key in ("raw", "raw_control"):
       return raw_step(tx), [copy(params), tx.init(params)]
     if key == "core":
-      step = jax.jit(lambda o, g: o.apply_gradient(g), donate_argnums=(0,))
-      return step, [opt_def.create(copy(params))]
+      return core_step(), [opt_def.create(copy(params))]
     if key in ("flax_raw", "flax"):
       step = jax.jit(lambda s, g: s.apply_gradients(grads=g), donate_argnums=(0,))
       face_tx = tx if key == "flax_raw" else opt_def.as_optax()
@@ -171,8 +171,7 @@ def bench_jitted(name, size, leaves, rounds, steps) -> dict:
   grads = jax.tree.map(lambda p: 1e-3 * jnp.ones_like(p), params)
   opt_def, tx = optimizers()[name]()
   raw_costs = compiled_costs(raw_step(tx), copy(params), tx.init(params), grads)
-  core_step = jax.jit(lambda o, g: o.apply_gradient(g), donate_argnums=(0,))
-  core_costs = compiled_costs(core_step, opt_def.create(copy(params)), grads)
+  core_costs = compiled_costs(core_step(), opt_def.create(copy(params)), grads)
   build = runner_builder(opt_def, tx, params, grads, steps)
   results = {
     face: balanced_ratio(build, base, key, rounds, steps)
@@ -225,7 +224,7 @@ def bench_compile(name, leaves, rounds) -> dict:
 
   cases = (
     ("raw", raw_step(tx).__wrapped__, (params, tx.init(params), grads)),
-    ("core", lambda o, g: o.apply_gradient(g), (opt_def.create(params), grads)),
+    ("core", core_step().__wrapped__, (opt_def.create(params), grads)),
   )
   times: dict[str, list[float]] = {"raw": [], "core": []}
   for _ in range(rounds):
@@ -267,7 +266,7 @@ def bench_flattened(size, leaves, rounds, steps) -> dict:
   }
 
   def build(key):
-    step = jax.jit(lambda o, g: o.apply_gradient(g), donate_argnums=(0,))
+    step = core_step()
     holder = [definitions[key].create(copy(params))]
 
     def run():

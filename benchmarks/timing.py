@@ -56,6 +56,11 @@ def raw_step(tx: optax.GradientTransformation):
   return jax.jit(step, donate_argnums=(0, 1))
 
 
+def core_step():
+  """A fresh jitted, donated optcore step: ``Optimizer.apply_gradient``."""
+  return jax.jit(lambda opt, grads: opt.apply_gradient(grads), donate_argnums=(0,))
+
+
 def compiled_costs(jitted, *args) -> tuple[float, float]:
   """XLA's bytes accessed and peak memory for one call of the compiled step."""
   compiled = jitted.lower(*args).compile()
