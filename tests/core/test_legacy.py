@@ -11,7 +11,7 @@ from jax.sharding import PartitionSpec as P
 
 import optcore
 from optcore import legacy
-from optcore.adafactor import Adafactor, FactorDim, HParamMap
+from optcore.adafactor import HEURISTIC_RULE, Adafactor, FactorDim, HParamMap
 
 STEPS = 5
 RATES = [0.1, 0.08, 0.12, 0.05, 0.1]  # a different learning rate each step: apply-time overrides
@@ -151,6 +151,18 @@ def _heuristic(hp):
   return per_param
 
 
+def _t5x_rules_like_the_heuristic(params, hp):
+  """T5X refuses the heuristic for rank > 2: an explicit rule that factors as it would."""
+  rules = []
+  for name, p in params.items():
+    if p.ndim > 2:
+      rows, cols = ref.heuristic_roles(p.shape, hp.get("min_dim_size_to_factor", 128))
+      roles = [FactorDim.ROW if d in rows else FactorDim.COLUMN if d in cols else FactorDim.NONE
+               for d in range(p.ndim)]
+      rules.append((f"^{name}$", tuple(roles)))
+  return HParamMap([*rules, (".*", HEURISTIC_RULE)])
+
+
 def _ref_hp(hp):
   return {k: v for k, v in hp.items() if k not in ("min_dim_size_to_factor", "dtype_momentum")}
 
@@ -161,7 +173,8 @@ def test_adafactor_matches_the_numpy_definition(cls, name):
   hp = ADAFACTOR_CASES[name]
   params = make_params()
   grads = make_grads(params)
-  opt = run_ours(cls(learning_rate=1.0, **hp), params, grads)
+  rules = {} if cls is legacy.Adafactor else {"factor_map": _t5x_rules_like_the_heuristic(params, hp)}
+  opt = run_ours(cls(learning_rate=1.0, **hp, **rules), params, grads)
   init = lambda p, rows=(), cols=(): ref.adafactor_init(p, rows, cols, hp.get("beta1"))
   want, states = run_reference(
     ref.adafactor_step, init, params, grads, per_param=_heuristic(hp), **_ref_hp(hp)
@@ -179,7 +192,8 @@ def test_adafactor_bfloat16_momentum(cls):
   params = make_params()
   grads = make_grads(params)
   hp = {"min_dim_size_to_factor": 4, "beta1": 0.9}
-  opt = run_ours(cls(learning_rate=1.0, dtype_momentum=jnp.bfloat16, **hp), params, grads)
+  rules = {} if cls is legacy.Adafactor else {"factor_map": _t5x_rules_like_the_heuristic(params, hp)}
+  opt = run_ours(cls(learning_rate=1.0, dtype_momentum=jnp.bfloat16, **hp, **rules), params, grads)
   assert opt.state.param_states["matrix"].m.dtype == jnp.bfloat16
   init = lambda p, rows=(), cols=(): ref.adafactor_init(p, rows, cols, 0.9)
   want, _ = run_reference(
@@ -288,11 +302,22 @@ def test_invalid_factor_rules_raise_clear_errors():
     opt_def.set_param_axes({"w": P("embed", "mlp", "relpos_buckets")})
   with pytest.raises(KeyError, match=r"\['spatial'\].*'w'.*logical_factor_rules"):
     opt_def.set_param_axes({"w": P("embed", "spatial")})
-  with pytest.raises(KeyError, match="'w' has no logical axes"):
-    opt_def.set_param_axes({"w": None})
+  # T5X maps its rules over the axes tree: a parameter without axes gets no rule, and its
+  # lookup fails at create, naming it.
+  no_axes = Adafactor(1e-2)
+  no_axes.set_param_axes({"w": None, "v": P("embed", "mlp")})
+  with pytest.raises(KeyError, match="'w'"):
+    no_axes.create({"w": jnp.ones((2, 3)), "v": jnp.ones((2, 3))})
   explicit = Adafactor(1e-2, factor_map=HParamMap([(r".*", optcore.adafactor.HEURISTIC_RULE)]))
-  with pytest.raises(ValueError, match="rank > 2 and needs an explicit factor rule"):
-    explicit.create({"w": jnp.ones((2, 3, 4))})
+  for rank_3 in (explicit, Adafactor(1e-2)):  # T5X: with or without factor_map
+    with pytest.raises(ValueError, match=r"rank strictly higher than 2 .*explicit.*: w, \(2, 3, 4\)"):
+      rank_3.create({"w": jnp.ones((2, 3, 4))})
+  with pytest.raises(ValueError, match="incorrect rank for param of rank 1"):
+    Adafactor(1e-2, factor_map=HParamMap([(r".*", (FactorDim.ROW, FactorDim.COLUMN))])).create(
+      {"w": jnp.ones(3)}
+    )
+  with pytest.raises(ValueError, match="factored is False but factorization rules"):
+    Adafactor(1e-2, factored=False, factor_map=HParamMap([(r".*", None)]))
   with pytest.raises(KeyError, match="no rule in this HParamMap matches"):
     Adafactor(1e-2, factor_map=HParamMap([(r"^x$", (FactorDim.ROW,))])).create({"w": jnp.ones(3)})
 
@@ -335,7 +360,14 @@ LEGACY_DEFS = {
   "lamb": lambda: legacy.LAMB(0.1),
   "lars": lambda: legacy.LARS(0.1),
   "adafactor": lambda: legacy.Adafactor(0.1, min_dim_size_to_factor=4, beta1=0.9),
-  "t5x-adafactor": lambda: Adafactor(0.1, min_dim_size_to_factor=4),
+  # T5X needs an explicit rule for the rank-3 'tensor': (layers, embed, heads).
+  "t5x-adafactor": lambda: Adafactor(
+    0.1,
+    min_dim_size_to_factor=4,
+    factor_map=HParamMap(
+      [("tensor", (FactorDim.BATCH, FactorDim.ROW, FactorDim.COLUMN)), (".*", HEURISTIC_RULE)]
+    ),
+  ),
   "weight-norm": lambda: legacy.WeightNorm(legacy.Momentum(0.1), wn_decay=0.01),
 }
 

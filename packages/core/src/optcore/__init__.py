@@ -48,6 +48,7 @@ from optcore._src.sharding import logical_to_mesh_axes as logical_to_mesh_axes
 from optcore._src.sharding import logical_to_mesh_sharding as logical_to_mesh_sharding
 from optcore._src.traversal import ModelParamTraversal as ModelParamTraversal
 from optcore._src.traversal import SelectorError as SelectorError
+from optcore._src.traversal import register_selector_type as register_selector_type
 from optcore._src.traversal import selector_mask as selector_mask
 from optcore.contrib import CONTRIB_OPTIMIZERS as _CONTRIB_OPTIMIZERS
 
@@ -114,6 +115,7 @@ __all__ = [
   "logical_to_mesh_sharding",
   "partitioning",
   "register_hidden_level",
+  "register_selector_type",
   "register_state_rule",
   "selector_mask",
   "to_state_dict",

@@ -18,6 +18,7 @@ moment is the current squared gradient (a fresh start) until the offset.
 from __future__ import annotations
 
 import enum
+import logging
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -212,6 +213,11 @@ class Adafactor(OptimizerDef):
     max_parameter_scale: float | None = None,
     skip_nan_updates: bool = False,
   ):
+    if not factored and factor_map is not None:
+      raise ValueError(
+        "Adafactor factored is False but factorization rules have been provided (factor_map): "
+        "drop factor_map, or set factored=True."
+      )
     super().__init__(
       HyperParams(
         learning_rate=learning_rate,
@@ -238,16 +244,38 @@ class Adafactor(OptimizerDef):
   # Factoring roles.
 
   def _roles(self, path: str, shape: tuple[int, ...]) -> _Roles:
-    hp = self.hyper_params  # the state's layout: the constructor decides
-    rule = HEURISTIC_RULE if hp.factor_map is None else hp.factor_map[path]
-    if rule == HEURISTIC_RULE:
-      if hp.factor_map is not None and len(shape) > 2:
+    """The dimensions' roles, parsed as T5X's ``_parse_rule`` parses them.
+
+    The state's layout: the constructor's values decide, never an override.
+    Not factored: no rule (all dimensions averaged). A None rule: the same.
+    `HEURISTIC_RULE` (the default without ``factor_map``): the size heuristic,
+    and T5X's ValueError for rank > 2. An explicit rule of the wrong rank:
+    ValueError; one of rank <= 2 without BATCH: ignored (logged, as T5X logs
+    it) for the heuristic. flax.optim's Adafactor has no rules: the heuristic.
+    """
+    hp = self.hyper_params
+    factor_map = hp.get("factor_map")
+    if not hp.factored:
+      rule = None
+    else:
+      rule = HEURISTIC_RULE if factor_map is None else factor_map[path]
+    if rule is None:
+      return _Roles(len(shape))
+    heuristic = isinstance(rule, str) and rule == HEURISTIC_RULE
+    if not heuristic and len(shape) <= 2:
+      rule_dims = tuple(factor_name_to_factordim(r) for r in rule)
+      if len(rule_dims) == len(shape) and FactorDim.BATCH not in rule_dims:
+        _log_ignored_rule(path, shape, rule_dims)
+        heuristic = True
+    if heuristic:
+      if self._t5x_numerics and len(shape) > 2:
         raise ValueError(
-          f"Adafactor: the parameter {path!r} of shape {shape} has rank > 2 and needs an "
-          "explicit factor rule (a tuple of FactorDim per dimension) in factor_map, or logical "
-          "axes through set_param_axes."
+          f"A parameter with rank strictly higher than 2 must have an explicit factorization "
+          f"rule: {path}, {shape}. Give Adafactor a factor_map rule for it (a tuple of "
+          "FactorDim per dimension, e.g. (FactorDim.BATCH, FactorDim.ROW, FactorDim.COLUMN)), "
+          "call set_param_axes with its logical axes, or pass factored=False."
         )
-      if not hp.factored or len(shape) < 2:
+      if len(shape) < 2:
         return _Roles(len(shape))
       order = np.argsort(np.asarray(shape))
       if shape[order[-2]] < hp.min_dim_size_to_factor:
@@ -256,14 +284,11 @@ class Adafactor(OptimizerDef):
     rule = tuple(factor_name_to_factordim(r) for r in rule)
     if len(rule) != len(shape):
       raise ValueError(
-        f"Adafactor: the factor rule {rule} for {path!r} has {len(rule)} entries; the "
-        f"parameter has shape {shape}."
+        f"Factorization rule {rule} has incorrect rank for param of rank {len(shape)}: "
+        f"{path}, {shape}. Give one FactorDim per dimension."
       )
     dims = lambda role: tuple(i for i, r in enumerate(rule) if r is role)
-    batch = dims(FactorDim.BATCH)
-    if not hp.factored:
-      return _Roles(len(shape), batch=batch)
-    return _Roles(len(shape), batch, dims(FactorDim.ROW), dims(FactorDim.COLUMN))
+    return _Roles(len(shape), dims(FactorDim.BATCH), dims(FactorDim.ROW), dims(FactorDim.COLUMN))
 
   def set_param_axes(self, param_logical_axes: PyTree) -> None:
     """Derives ``factor_map`` from the parameters' logical axis names (T5X).
@@ -285,8 +310,8 @@ class Adafactor(OptimizerDef):
     rules = []
     for keys, axes in jax.tree_util.tree_flatten_with_path(param_logical_axes, is_leaf=is_spec)[0]:
       path = t5x_path(keys)
-      if axes is None:
-        raise KeyError(f"Adafactor.set_param_axes: the parameter {path!r} has no logical axes")
+      if axes is None:  # not this definition's parameter (a MultiOptimizer's other group)
+        continue
       names = tuple(axes)
       unknown = [n for n in names if n not in table]
       if unknown:
@@ -334,11 +359,12 @@ class Adafactor(OptimizerDef):
     keyed, treedef = jax.tree_util.tree_flatten_with_path(params)
     grads_flat = treedef.flatten_up_to(grads)
     states_flat = treedef.flatten_up_to(state.param_states)
-    threshold = hyper_params.global_norm_clip_threshold
-    if threshold is not None:
-      norm = jnp.sqrt(sum(jnp.sum(jnp.square(g.astype(jnp.float32))) for g in grads_flat))
-      scale = jnp.minimum(1.0, threshold / norm)
-      grads_flat = [g * scale.astype(g.dtype) for g in grads_flat]
+    threshold = hyper_params.get("global_norm_clip_threshold")
+    if threshold:  # T5X: a falsy threshold (None or 0) means no clipping
+      # T5X's arithmetic, bitwise: thr * min(1/thr, 1/|g|) over the stacked squared norms.
+      norm = jnp.sqrt(jnp.sum(jnp.array([jnp.sum(jnp.square(g)) for g in grads_flat])))
+      scale = threshold * jnp.minimum(1.0 / threshold, 1.0 / norm)
+      grads_flat = [g * scale for g in grads_flat]
     out = [
       self._apply_param(state.step, hyper_params, t5x_path(keys), p, s, g)
       for (keys, p), s, g in zip(keyed, states_flat, grads_flat, strict=True)
@@ -354,14 +380,15 @@ class Adafactor(OptimizerDef):
     t = jnp.maximum(jnp.asarray(step - hp.step_offset, jnp.float32), 0.0) + 1.0
     decay = 1.0 - t ** (-hp.decay_rate)
     mixing = 1.0 - decay
-    scale_by_param = hp.multiply_by_parameter_scale
+    # flax.optim read the flag from its constructor; T5X from the step's hyper-parameters.
+    scale_by_param = (hp if self._t5x_numerics else self.hyper_params).multiply_by_parameter_scale
     if isinstance(scale_by_param, HParamMap):
       scale_by_param = scale_by_param[path]
     update_scale = hp.learning_rate
     if scale_by_param:
       rms = jnp.sqrt(jnp.mean(param * param, axis=roles.non_batch, keepdims=True))
       param_scale = jnp.maximum(rms, hp.epsilon2)
-      if hp.max_parameter_scale is not None:
+      if hp.get("max_parameter_scale") is not None:
         param_scale = jnp.minimum(param_scale, hp.max_parameter_scale)
       update_scale = update_scale * param_scale
 
@@ -394,7 +421,7 @@ class Adafactor(OptimizerDef):
       new_m = subtrahend.astype(self.dtype_momentum)
 
     weight_decay = hp.weight_decay_rate
-    if hp.weight_decay_rate_lr_exponent is not None:
+    if hp.get("weight_decay_rate_lr_exponent"):  # T5X: a falsy exponent means none
       weight_decay = (1.0 if weight_decay is None else weight_decay) * (
         hp.learning_rate**hp.weight_decay_rate_lr_exponent
       )
@@ -403,7 +430,7 @@ class Adafactor(OptimizerDef):
     else:
       new_param = param - subtrahend
     new_state = _AdafactorParamState(v_row, v_col, new_v, new_m)
-    if hp.skip_nan_updates:
+    if hp.get("skip_nan_updates"):
       keep = lambda new, old: jnp.where(jnp.isnan(new), old, new)
       new_param = keep(new_param, param)
       new_state = jax.tree.map(keep, new_state, state)
@@ -431,6 +458,23 @@ class Adafactor(OptimizerDef):
     return (*super()._static_key(), self.dtype_momentum)
 
 
+_LOGGED_RULES: set[tuple[str, tuple, tuple]] = set()
+
+
+def _log_ignored_rule(path: str, shape: tuple[int, ...], rule: tuple) -> None:
+  """T5X logs (it does not warn) that a rank <= 2 rule falls back to the heuristic."""
+  key = (path, shape, rule)
+  if key not in _LOGGED_RULES:
+    _LOGGED_RULES.add(key)
+    logging.getLogger("optcore.adafactor").warning(
+      "Since rank of parameter %s %d is less than or equal to 2, the factorization method "
+      "falls back to heuristics and the provided factor rule %s is ignored.",
+      path,
+      len(shape),
+      rule,
+    )
+
+
 def t5x_path(keys: Sequence[Any]) -> str:
   """T5X's parameter path: the '/'-joined names, without a leading slash."""
   return paths.path_str(keys)[1:]
@@ -440,6 +484,11 @@ class LegacyAdafactor(Adafactor):
   """flax.optim's Adafactor (v0.5.3): the size heuristic only, and the
   momentum multiplied in its storage dtype, as flax.optim did.
 
+  Its ``hyper_params`` are flax.optim's 11 fields. ``factored``,
+  ``multiply_by_parameter_scale`` and ``min_dim_size_to_factor`` are read
+  from the constructor, as flax.optim read them: an override of one changes
+  nothing and warns.
+
   Example:
     >>> import jax.numpy as jnp
     >>> from optcore import legacy
@@ -447,9 +496,12 @@ class LegacyAdafactor(Adafactor):
     >>> s = opt.state.param_states['w']
     >>> s.v_row.shape, s.v_col.shape, s.v.shape
     ((3,), (4,), (1,))
+    >>> len(opt.optimizer_def.hyper_params)
+    11
   """
 
   _t5x_numerics = False
+  constructor_only = ("factored", "multiply_by_parameter_scale", "min_dim_size_to_factor")
 
   def __init__(
     self,
@@ -466,20 +518,23 @@ class LegacyAdafactor(Adafactor):
     epsilon2: float = 1e-3,
     dtype_momentum: Any = jnp.float32,
   ):
-    super().__init__(
-      learning_rate,
-      factored,
-      multiply_by_parameter_scale,
-      beta1,
-      decay_rate,
-      step_offset,
-      clipping_threshold,
-      weight_decay_rate,
-      min_dim_size_to_factor,
-      epsilon1,
-      epsilon2,
-      dtype_momentum,
+    OptimizerDef.__init__(
+      self,
+      HyperParams(
+        learning_rate=learning_rate,
+        factored=factored,
+        multiply_by_parameter_scale=multiply_by_parameter_scale,
+        beta1=beta1,
+        decay_rate=decay_rate,
+        step_offset=step_offset,
+        clipping_threshold=clipping_threshold,
+        weight_decay_rate=weight_decay_rate,
+        min_dim_size_to_factor=min_dim_size_to_factor,
+        epsilon1=epsilon1,
+        epsilon2=epsilon2,
+      ),
     )
+    self.dtype_momentum = jnp.dtype(dtype_momentum)
 
 
 LegacyAdafactor.__name__ = LegacyAdafactor.__qualname__ = "Adafactor"

@@ -82,6 +82,18 @@ class OptimizerDef:
     (Array([0.5, 1.5], dtype=float32), 1)
   """
 
+  #: Whether ``init_state(params).param_states`` holds one state per parameter,
+  #: in the parameters' structure (flax.optim's algorithms). A `MultiOptimizer`
+  #: of such definitions keeps them in ONE parameter-shaped tree, as
+  #: flax.optim and T5X did; set it to False in a subclass whose state is not
+  #: per parameter (wrapped optax transformations are not).
+  per_parameter_state: bool = True
+
+  #: Hyper-parameters the original algorithm read from its constructor only
+  #: (they shape the state): an apply-time override of one is accepted, as
+  #: the original accepted it, changes nothing, and warns that it changed nothing.
+  constructor_only: tuple[str, ...] = ()
+
   def __init__(self, hyper_params: HyperParams | Mapping[str, Any] | Any):
     if dataclasses.is_dataclass(hyper_params) and not isinstance(hyper_params, type):
       # flax.optim definitions pass a struct dataclass of their hyper-parameters.
@@ -152,6 +164,15 @@ class OptimizerDef:
     """The hyper-parameters for one step: ``hyper_params=`` replaces them all,
     any other keyword replaces one; an unknown name raises TypeError."""
     hyper_params = hyper_param_overrides.pop("hyper_params", self.hyper_params)
+    ignored = sorted(set(hyper_param_overrides) & set(self.constructor_only))
+    if ignored:
+      warnings.warn(
+        f"{type(self).__name__}: the override(s) {ignored} have no effect: the original "
+        f"algorithm reads them from the constructor only, and so does optcore, to keep its "
+        f"numbers. Build a new definition with {ignored[0]}=... to change it.",
+        UserWarning,
+        stacklevel=3,
+      )
     if hyper_param_overrides:
       try:
         hyper_params = hyper_params.replace(**hyper_param_overrides)

@@ -57,30 +57,38 @@ class DynamicScale:
 
     Returns a function giving ``(new_dynamic_scale, finite, aux, grad)``,
     where ``aux`` is ``fun``'s output (the loss, or ``(loss, aux)`` with
-    ``has_aux``). Gradients are averaged over ``axis_name`` under pmap.
+    ``has_aux``) computed as ``(scale * loss) / scale`` in the loss's dtype,
+    and ``grad`` is float32. Gradients are averaged over ``axis_name`` under
+    pmap, after the division (flax v0.5.3's order, bitwise).
     """
 
     def scaled(*args):
       out = fun(*args)
-      loss = out[0] if has_aux else out
-      return self.scale * loss, out
+      if has_aux:
+        return self.scale * out[0], out[1]
+      return self.scale * out, None
 
     grad_fn = jax.value_and_grad(scaled, argnums=argnums, has_aux=True)
 
     def wrapped(*args) -> DynamicScaleResult:
-      (_, aux), grad = grad_fn(*args)
+      (scaled_value, aux), grad = grad_fn(*args)
+      # flax.optim's order: the value divided back in the loss's dtype (an
+      # overflowing float16 loss comes back inf or nan), the gradients cast to
+      # float32 before the division, and averaged after it.
+      value = scaled_value / self.scale
+      out = (value, aux) if has_aux else value
+      grad = jax.tree.map(lambda g: jnp.asarray(g, jnp.float32) / self.scale, grad)
       if axis_name is not None:
         grad = lax.pmean(grad, axis_name)
-      grad = jax.tree.map(lambda g: g / self.scale, grad)
       finite = jnp.asarray(True)
       for g in jax.tree.leaves(grad):
         finite = finite & jnp.all(lax.is_finite(g))
       grow = self.fin_steps == self.growth_interval
-      grown = jnp.where(grow, self.scale * self.growth_factor, self.scale)
+      grown = jnp.where(grow & finite, self.scale * self.growth_factor, self.scale)
       new_scale = jnp.where(finite, grown, self.scale * self.backoff_factor)
       new_fin_steps = jnp.where(grow | ~finite, 0, self.fin_steps + 1)
       return DynamicScaleResult(
-        self.replace(fin_steps=new_fin_steps, scale=new_scale), finite, aux, grad
+        self.replace(fin_steps=new_fin_steps, scale=new_scale), finite, out, grad
       )
 
     return wrapped

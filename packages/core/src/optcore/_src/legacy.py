@@ -301,6 +301,7 @@ class Adagrad(OptimizerDef):
 class RMSProp(OptimizerDef):
   """flax.optim's RMSProp: ``v <- b2 v + (1-b2) g^2``; centered also tracks
   ``mg`` and uses ``v - mg^2``; ``p <- p - lr g/(sqrt(v) + eps)``; no momentum.
+  ``centered`` is read from the constructor (an override warns, changing nothing).
 
   Example:
     >>> import jax.numpy as jnp
@@ -320,6 +321,8 @@ class RMSProp(OptimizerDef):
     super().__init__(
       HyperParams(learning_rate=learning_rate, beta2=beta2, eps=eps, centered=centered)
     )
+
+  constructor_only = ("centered",)
 
   def init_param_state(self, param):
     mg = jnp.zeros_like(param) if self.hyper_params.centered else None

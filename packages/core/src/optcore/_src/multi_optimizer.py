@@ -4,6 +4,13 @@ Each sub-optimizer sees the parameters with the leaves outside its group
 replaced by None, so its state keeps the parameters' structure (None where it
 does not act) and a state dict names real paths. Leaves that no group selects
 are frozen.
+
+The state's layout is flax.optim's and T5X's when every group keeps
+per-parameter state (the legacy algorithms, T5X's Adafactor): ONE tree shaped
+like the parameters, each selected leaf holding its group's state and every
+other leaf None, so their checkpoints restore. A group that wraps an optax
+transformation has a state of optax's own shape, not one per parameter; then
+the state is a tuple with one such tree per group (``param_states/0/...``).
 """
 
 from __future__ import annotations
@@ -35,9 +42,13 @@ class MultiOptimizer(OptimizerDef):
   override by keyword (``learning_rate=0.1``) goes to every sub-optimizer that
   has it; ``hyper_params=[...]`` replaces them per group.
 
+  The state is one parameter-shaped tree when every group keeps per-parameter
+  state (flax.optim's and T5X's layout), else a tuple of one state per group
+  (see the module's docstring).
+
   Args:
-    *traversals_and_optimizers: ``(selector, OptimizerDef)`` pairs, or one
-      list of them (both spellings are in use).
+    *traversals_and_optimizers: ``(selector, OptimizerDef)`` pairs
+      (flax.optim's spelling), or one sequence of them (T5X's).
 
   Example:
     >>> import jax.numpy as jnp
@@ -56,8 +67,8 @@ class MultiOptimizer(OptimizerDef):
 
   def __init__(self, *traversals_and_optimizers: Any):
     pairs = traversals_and_optimizers
-    if len(pairs) == 1 and isinstance(pairs[0], list):
-      pairs = tuple(pairs[0])
+    if len(pairs) == 1 and isinstance(pairs[0], (list, tuple)) and not _is_pair(pairs[0]):
+      pairs = tuple(pairs[0])  # T5X: MultiOptimizer(((selector, def), ...))
     for i, pair in enumerate(pairs):
       if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[1], OptimizerDef)):
         raise TypeError(
@@ -71,13 +82,29 @@ class MultiOptimizer(OptimizerDef):
     super().__init__(HyperParams())
     self.hyper_params = [opt.hyper_params for opt in self.sub_optimizers]
 
+  @property
+  def per_parameter_state(self) -> bool:  # type: ignore[override]
+    """True when every group keeps per-parameter state: then the state is one tree."""
+    return all(opt.per_parameter_state for opt in self.sub_optimizers)
+
+  def set_param_axes(self, param_logical_axes: PyTree) -> None:
+    """T5X's hook: hands each group that has ``set_param_axes`` (T5X's
+    Adafactor) the logical axes of its own leaves, None elsewhere."""
+    masks = self.masks(param_logical_axes)
+    for opt, mask in zip(self.sub_optimizers, masks, strict=True):
+      if hasattr(opt, "set_param_axes"):
+        opt.set_param_axes(_masked(param_logical_axes, mask))
+    self.__dict__.pop("_key_cache", None)  # a group's definition changed
+
   def masks(self, params: PyTree, *, check: bool = False) -> list[PyTree]:
     """The boolean mask of each group.
 
     With ``check``, overlapping groups raise `SelectorError` listing the
     paths, and a group that selects nothing warns.
     """
-    masks = [selector_mask(selector, params) for selector in self.traversals]
+    # flax.optim showed its filters arrays: a Python number is seen as a 0-d array.
+    typed = jax.tree.map(_typed, params)
+    masks = [selector_mask(selector, typed) for selector in self.traversals]
     if check:
       self._check_groups(masks, params)
     return masks
@@ -100,18 +127,50 @@ class MultiOptimizer(OptimizerDef):
         elif picked:
           taken[path] = i
     if overlaps:
+      # flax.optim's message first (its users match on it), then the paths.
+      treedef = jax.tree.structure(params)
+      indices = treedef.unflatten(
+        [[i for i, picks in enumerate(flat) if picks[j]] for j in range(treedef.num_leaves)]
+      )
       raise SelectorError(
-        f"MultiOptimizer: selectors overlap at {overlaps[:10]}"
+        f"Multiple optimizers match the same leaves : {indices}. MultiOptimizer: selectors "
+        f"overlap at {overlaps[:10]}"
         + (f" and {len(overlaps) - 10} more" if len(overlaps) > 10 else "")
         + ". Each parameter may belong to one group only; narrow the selectors."
       )
 
   def init_state(self, params: PyTree) -> OptimizerState:
+    masks = self.masks(params, check=True)
     states = tuple(
       opt.init_state(_masked(params, mask)).param_states
-      for opt, mask in zip(self.sub_optimizers, self.masks(params, check=True), strict=True)
+      for opt, mask in zip(self.sub_optimizers, masks, strict=True)
     )
-    return OptimizerState(jnp.asarray(0, dtype=jnp.int32), states)
+    return OptimizerState(jnp.asarray(0, dtype=jnp.int32), self._join(params, states, masks))
+
+  def _join(self, params: PyTree, states: Sequence[PyTree], masks: Sequence[PyTree]) -> PyTree:
+    """The groups' states in this definition's layout (see the class docstring)."""
+    if not self.per_parameter_state:
+      return tuple(states)
+    treedef = jax.tree.structure(params)
+    joined = [None] * treedef.num_leaves
+    for state, mask in zip(states, masks, strict=True):
+      for i, (leaf_state, picked) in enumerate(
+        zip(treedef.flatten_up_to(state), jax.tree.leaves(mask), strict=True)
+      ):
+        if picked:
+          joined[i] = leaf_state
+    return treedef.unflatten(joined)
+
+  def _split(self, params: PyTree, param_states: PyTree, masks: Sequence[PyTree]) -> list[PyTree]:
+    """Each group's own state: the inverse of `_join`."""
+    if not self.per_parameter_state:
+      return list(param_states)
+    treedef = jax.tree.structure(params)
+    flat = treedef.flatten_up_to(param_states)
+    return [
+      treedef.unflatten([s if k else None for s, k in zip(flat, jax.tree.leaves(m), strict=True)])
+      for m in masks
+    ]
 
   def apply_gradient(
     self,
@@ -123,8 +182,10 @@ class MultiOptimizer(OptimizerDef):
   ) -> tuple[PyTree, OptimizerState]:
     new_params = params
     new_states = []
+    masks = self.masks(params)
+    sub_states = self._split(params, state.param_states, masks)
     for opt, hp, mask, sub_state in zip(
-      self.sub_optimizers, hyper_params, self.masks(params), state.param_states, strict=True
+      self.sub_optimizers, hyper_params, masks, sub_states, strict=True
     ):
       sub_params, sub_state = opt.apply_gradient(
         hp,
@@ -135,18 +196,21 @@ class MultiOptimizer(OptimizerDef):
       )
       new_params = _merge(new_params, sub_params, mask)
       new_states.append(sub_state.param_states)
-    return new_params, OptimizerState(state.step + 1, tuple(new_states))
+    new_param_states = self._join(params, new_states, masks)
+    return new_params, OptimizerState(state.step + 1, new_param_states)
 
   def derive_param_states_axes(
     self, param_states: tuple, params: PyTree, params_axes: PyTree
   ) -> tuple:
     """Each group's state axes, derived by its own definition from its leaves."""
-    return tuple(
+    masks = self.masks(params)
+    axes = [
       opt.derive_param_states_axes(sub_state, _masked(params, mask), _masked(params_axes, mask))
       for opt, mask, sub_state in zip(
-        self.sub_optimizers, self.masks(params), param_states, strict=True
+        self.sub_optimizers, masks, self._split(params, param_states, masks), strict=True
       )
-    )
+    ]
+    return self._join(params, axes, masks)
 
   def as_optax(self) -> optax.GradientTransformationExtraArgs:
     """The groups as one optax transformation: each group's own transformation
@@ -203,6 +267,14 @@ class MultiOptimizer(OptimizerDef):
       f"({s!r}, {o!r})" for s, o in zip(self.traversals, self.sub_optimizers, strict=True)
     )
     return f"MultiOptimizer({pairs})"
+
+
+def _is_pair(x: Any) -> bool:
+  return isinstance(x, tuple) and len(x) == 2 and isinstance(x[1], OptimizerDef)
+
+
+def _typed(x: Any) -> Any:
+  return jnp.asarray(x) if isinstance(x, (bool, int, float, complex)) else x
 
 
 def _masked(tree: PyTree, mask: PyTree) -> PyTree:

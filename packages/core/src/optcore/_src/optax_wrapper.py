@@ -54,6 +54,8 @@ class OptaxWrapper(OptimizerDef):
     Array([0.9, 0.9], dtype=float32)
   """
 
+  per_parameter_state = False  # optax lays its state out by field, not by parameter
+
   def __init__(self, optax_optimizer: Any):
     _check_protocol(optax_optimizer)
     self._setup(HyperParams(), None, type(optax_optimizer).__name__)

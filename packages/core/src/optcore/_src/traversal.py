@@ -9,7 +9,9 @@ Paths come from `jax.tree_util` key paths and read as Flax's do:
 - a regular expression (a string or a compiled pattern), searched in the path;
 - a mask: a tree of booleans with the parameters' structure, or a prefix of it
   (``{'encoder': True, 'head': False}``), as `optax.masked` takes;
-- a function of one argument that maps the parameters to such a mask.
+- a function of one argument that maps the parameters to such a mask;
+- an object of a type given to `register_selector_type` (the Flax adapter
+  registers ``flax.traverse_util``'s traversals this way).
 """
 
 from __future__ import annotations
@@ -99,6 +101,36 @@ class ModelParamTraversal:
     return f"ModelParamTraversal({self._filter_fn!r})"
 
 
+_SELECTOR_TYPES: dict[type, Callable[[Any, PyTree], PyTree]] = {}
+
+
+def register_selector_type(cls: type, to_mask: Callable[[Any, PyTree], PyTree]) -> None:
+  """Teaches `selector_mask` (and so `MultiOptimizer` and ``create(focus=...)``)
+  a new kind of selector: ``to_mask(selector, params)`` returns the boolean
+  mask (or a prefix of it) that an instance of ``cls`` picks.
+
+  Framework adapters use it for their own traversal types, so the core needs
+  no framework import.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> import optcore
+    >>> class Named:
+    ...   def __init__(self, *names):
+    ...     self.names = names
+    >>> optcore.register_selector_type(
+    ...     Named, lambda sel, params: {k: k in sel.names for k in params})
+    >>> optcore.selector_mask(Named('w'), {'w': jnp.ones(2), 'b': jnp.ones(2)})
+    {'b': False, 'w': True}
+  """
+  if not isinstance(cls, type) or not callable(to_mask):
+    raise TypeError(
+      f"register_selector_type(cls, to_mask) takes a class and a function (selector, params) -> "
+      f"mask; got {cls!r} and {to_mask!r}"
+    )
+  _SELECTOR_TYPES[cls] = to_mask
+
+
 def selector_mask(selector: Selector, params: PyTree) -> PyTree:
   """The boolean mask, shaped like ``params``, that ``selector`` picks.
 
@@ -113,6 +145,9 @@ def selector_mask(selector: Selector, params: PyTree) -> PyTree:
   """
   if isinstance(selector, ModelParamTraversal):
     return selector.mask(params)
+  for cls, to_mask in _SELECTOR_TYPES.items():
+    if isinstance(selector, cls):
+      return _check_mask(to_mask(selector, params), params, f"the mask of {selector!r}")
   if isinstance(selector, (str, re.Pattern)):
     return _regex_mask(selector, params)
   if callable(selector) and not _is_pytree_node(selector):

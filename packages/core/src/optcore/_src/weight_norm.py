@@ -6,6 +6,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jax.sharding import PartitionSpec
 
 from optcore._src.base import OptimizerDef
@@ -33,7 +34,9 @@ def _norm(x: jax.Array, eps: Any) -> jax.Array:
 
 
 def _merge(direction: jax.Array, scale: jax.Array, eps: Any) -> jax.Array:
-  return scale * direction / _norm(direction, eps)
+  # flax.optim's operation order, bitwise: direction * (scale * rsqrt(sum d^2 + eps)).
+  sq_norm = jnp.sum(jnp.square(direction), axis=tuple(range(direction.ndim - 1)), keepdims=True)
+  return direction * (scale * lax.rsqrt(sq_norm + eps))
 
 
 class WeightNorm(OptimizerDef):
@@ -105,7 +108,7 @@ class WeightNorm(OptimizerDef):
     scale, scale_state = inner.apply_param_gradient(
       step, inner_hp, state.scale, state.scale_state, scale_grad
     )
-    new_param = _merge(direction, scale, eps).astype(param.dtype)
+    new_param = _merge(direction, scale, eps)  # no cast: flax.optim returned it as computed
     return new_param, _WeightNormParamState(direction_state, scale_state, direction, scale)
 
   def derive_param_state_axes(self, param, param_axes, state):
