@@ -211,7 +211,7 @@ def test_t5x_trainer_learning_rate_is_honoured_by_wrapped_factories():
 
 def test_t5x_optax_wrapper_ignores_the_override_with_a_warning():
   optimizer = optimizers.OptaxWrapper(optax.sgd(0.1)).create({"w": jnp.ones(1)})
-  with pytest.warns(UserWarning, match="ignored, as T5X ignores them"):
+  with pytest.warns(UserWarning, match=r"no hyper-parameter \[.learning_rate.\]: ignored, as T5X ignored it"):
     new = optimizer.apply_gradient({"w": jnp.ones(1)}, learning_rate=0.5)
   np.testing.assert_allclose(new.target["w"], [0.9])
   with pytest.raises(TypeError):  # the core's OptaxWrapper refuses instead

@@ -5,6 +5,10 @@ per-parameter `optcore.OptimizerDef`s: ``create``, ``apply_gradient`` with
 overrides, ``state_dict`` (flax.optim's keys), ``as_optax()`` and every
 adapter work with them.
 
+Each one's per-parameter state is a NamedTuple with flax.optim's field names
+(`AdamParamState`, `MomentumParamState`, ...); their field names are the
+state dict's keys.
+
 Example:
   >>> import jax.numpy as jnp
   >>> from optcore import legacy
@@ -15,6 +19,7 @@ Example:
 """
 
 from optcore._src.adafactor import LegacyAdafactor as Adafactor
+from optcore._src.adafactor import _AdafactorParamState as AdafactorParamState
 from optcore._src.dynamic_scale import DynamicScale as DynamicScale
 from optcore._src.dynamic_scale import DynamicScaleResult as DynamicScaleResult
 from optcore._src.legacy import LAMB as LAMB
@@ -26,20 +31,33 @@ from optcore._src.legacy import Adam as Adam
 from optcore._src.legacy import GradientDescent as GradientDescent
 from optcore._src.legacy import Momentum as Momentum
 from optcore._src.legacy import RMSProp as RMSProp
+from optcore._src.legacy import _AdadeltaParamState as AdadeltaParamState
+from optcore._src.legacy import _AdagradParamState as AdagradParamState
+from optcore._src.legacy import _AdamParamState as AdamParamState
+from optcore._src.legacy import _MomentumParamState as MomentumParamState
+from optcore._src.legacy import _RMSPropParamState as RMSPropParamState
 from optcore._src.weight_norm import WeightNorm as WeightNorm
+from optcore._src.weight_norm import _WeightNormParamState as WeightNormParamState
 
 __all__ = [
   "LAMB",
   "LARS",
   "AdaBelief",
   "Adadelta",
+  "AdadeltaParamState",
   "Adafactor",
+  "AdafactorParamState",
   "Adagrad",
+  "AdagradParamState",
   "Adam",
+  "AdamParamState",
   "DynamicScale",
   "DynamicScaleResult",
   "GradientDescent",
   "Momentum",
+  "MomentumParamState",
   "RMSProp",
+  "RMSPropParamState",
   "WeightNorm",
+  "WeightNormParamState",
 ]

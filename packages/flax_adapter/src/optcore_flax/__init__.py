@@ -23,8 +23,10 @@ import sys as _sys
 from importlib.metadata import version as _version
 
 import flax as _flax
+import jax as _jax
 from flax import nnx as _nnx
 from flax import serialization as _serialization
+from flax import traverse_util as _traverse_util
 
 import optcore as _optcore
 from optcore._src.serialization import key_data_for_export as _key_data
@@ -37,6 +39,19 @@ from optcore_flax._linen import optimizer_shardings as optimizer_shardings
 from optcore_flax._linen import param_logical_axes as param_logical_axes
 
 _optcore.register_hidden_level(_nnx.Variable)
+
+
+def _flax_traversal_mask(traversal, params):
+  """The mask a ``flax.traverse_util`` traversal picks (flax.optim's and T5X's
+  selectors): a ModelParamTraversal by its filter, any other traversal (e.g.
+  ``t_identity['a']``) by marking what its ``update`` reaches."""
+  if isinstance(traversal, _traverse_util.ModelParamTraversal):
+    return _optcore.ModelParamTraversal(traversal._filter_fn).mask(params)
+  unpicked = _jax.tree.map(lambda _: False, params)
+  return traversal.update(lambda sub: _jax.tree.map(lambda _: True, sub), unpicked)
+
+
+_optcore.register_selector_type(_traverse_util.Traversal, _flax_traversal_mask)
 # msgpack has no typed PRNG keys (noisy_sgd, dpsgd): their key data is written instead.
 _serialization.register_serialization_state(
   _optcore.Optimizer,
@@ -54,7 +69,8 @@ _serialization.register_serialization_state(
 
 def install_legacy_namespace() -> None:
   """Makes ``from flax import optim`` and ``import flax.optim`` give
-  `optcore_flax.optim`, so a program written for flax.optim runs with one
+  `optcore_flax.optim`, and ``flax.optim.adam`` (and every other flax.optim
+  submodule) its submodule, so a program written for flax.optim runs with one
   added line. Opt-in; idempotent.
 
   Example:
@@ -65,6 +81,8 @@ def install_legacy_namespace() -> None:
     True
   """
   _sys.modules["flax.optim"] = optim
+  for name in optim.SUBMODULES:
+    _sys.modules[f"flax.optim.{name}"] = getattr(optim, name)
   _flax.optim = optim
 
 

@@ -1,23 +1,67 @@
 """The ``t5x.adafactor`` surface, on optcore: swap the import, keep the gin config.
 
+`Adafactor` is T5X's, with T5X's factor-rule parsing, T5X's
+``_AdafactorHyperParams`` (its 17 fields) and ``_AdafactorParamState``
+(``v_row, v_col, v, m``), which T5X's own tests build expected values with.
+The step-offset NaN of T5X is fixed (see `optcore.adafactor`).
+
 Example:
   >>> from optcore_flax import adafactor
-  >>> adafactor.Adafactor(learning_rate=1e-2, decay_rate=0.8).hyper_params.decay_rate
-  0.8
+  >>> opt_def = adafactor.Adafactor(learning_rate=1e-2, decay_rate=0.8)
+  >>> opt_def.hyper_params == adafactor._AdafactorHyperParams(
+  ...     1e-2, True, True, None, 0.8, 0, 1.0, None, 128, 1e-30, 1e-3)
+  True
 """
 
+import optcore.adafactor as _core_adafactor
 from optcore.adafactor import HEURISTIC_RULE as HEURISTIC_RULE
-from optcore.adafactor import Adafactor as Adafactor
 from optcore.adafactor import FactorDim as FactorDim
 from optcore.adafactor import HParamMap as HParamMap
 from optcore.adafactor import factor_name_to_factordim as factor_name_to_factordim
 from optcore.adafactor import standard_logical_factor_rules as standard_logical_factor_rules
+from optcore.legacy import AdafactorParamState as _AdafactorParamState
+from optcore_flax._records import hyper_params_record as _record
+from optcore_flax._t5x import T5XFace as _T5XFace
+
+
+class Adafactor(_T5XFace, _core_adafactor.Adafactor):
+  __doc__ = _core_adafactor.Adafactor.__doc__
+
+
+_AdafactorHyperParams = _record(
+  "_AdafactorHyperParams",
+  "learning_rate",
+  "factored",
+  "multiply_by_parameter_scale",
+  "beta1",
+  "decay_rate",
+  "step_offset",
+  "clipping_threshold",
+  "weight_decay_rate",
+  "min_dim_size_to_factor",
+  "epsilon1",
+  "epsilon2",
+  "factor_map",
+  "logical_factor_rules",
+  "weight_decay_rate_lr_exponent",
+  "global_norm_clip_threshold",
+  "max_parameter_scale",
+  "skip_nan_updates",
+  factor_map=None,
+  logical_factor_rules=None,
+  weight_decay_rate_lr_exponent=None,
+  global_norm_clip_threshold=None,
+  max_parameter_scale=None,
+  skip_nan_updates=False,
+)
 
 __all__ = [
   "HEURISTIC_RULE",
   "Adafactor",
   "FactorDim",
   "HParamMap",
+  "_AdafactorHyperParams",
+  "_AdafactorParamState",
   "factor_name_to_factordim",
   "standard_logical_factor_rules",
 ]

@@ -24,20 +24,36 @@ _WRAPPER_ARGUMENTS = frozenset({"base_optimizer", "optimizer", "inner"})
 
 
 def optax_alias_names() -> list[str]:
-  """The optimizer aliases that ``optax`` exports, in optax's order."""
+  """The optimizer aliases of ``optax``: every public optimizer that optax's
+  alias module defines and ``optax`` offers, in optax's order.
+
+  Read from the alias module itself, not only from ``optax.__all__``: optax
+  0.2.8 leaves ``optimistic_adam``, ``optimistic_adam_v2`` and
+  ``optimistic_gradient_descent`` out of ``__all__`` although ``optax`` offers them.
+  """
   try:
     from optax._src import alias
   except ImportError:  # the layout of optax's private modules moved
     return _names_with_learning_rate(optax, optax.__all__)
+  defined = [name for name in vars(alias) if not name.startswith("_")]
+  ordered = [n for n in optax.__all__ if n in defined]
+  ordered += [n for n in defined if n not in ordered]
   out = []
-  for name in optax.__all__:
+  for name in ordered:
     # Look in the alias module first: touching optax's deprecated names warns.
-    fn = getattr(alias, name, None)
-    if not isinstance(fn, (types.FunctionType, functools.partial)):
+    fn = getattr(alias, name)
+    if not _defined_in(fn, alias.__name__):
       continue
-    if getattr(optax, name) is fn:
+    if getattr(optax, name, None) is fn:
       out.append(name)
   return out
+
+
+def _defined_in(fn: Any, module: str) -> bool:
+  """A function (or a partial of one, like optax's nadam) that ``module`` defines."""
+  if isinstance(fn, functools.partial):
+    return _defined_in(fn.func, module)
+  return isinstance(fn, types.FunctionType) and fn.__module__ == module
 
 
 def optax_contrib_names() -> list[str]:

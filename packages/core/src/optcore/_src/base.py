@@ -160,6 +160,16 @@ class OptimizerDef:
     new_states = treedef.unflatten([s for _, s in out])
     return new_params, OptimizerState(state.step + 1, new_states)
 
+  def overridable_names(self) -> frozenset[str]:
+    """The names `update_hyper_params` accepts as keyword overrides.
+
+    Example:
+      >>> import optcore
+      >>> sorted(optcore.legacy.Momentum(0.1).overridable_names())
+      ['beta', 'learning_rate', 'nesterov', 'weight_decay']
+    """
+    return frozenset(self.hyper_params)
+
   def update_hyper_params(self, **hyper_param_overrides: Any) -> HyperParams:
     """The hyper-parameters for one step: ``hyper_params=`` replaces them all,
     any other keyword replaces one; an unknown name raises TypeError."""

@@ -237,6 +237,10 @@ class MultiOptimizer(OptimizerDef):
 
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
+  def overridable_names(self) -> frozenset[str]:
+    """Every name some group accepts."""
+    return frozenset().union(*(opt.overridable_names() for opt in self.sub_optimizers))
+
   def update_hyper_params(self, **hyper_param_overrides: Any) -> list[HyperParams]:
     """``hyper_params=[...]`` replaces all; a keyword goes to each group that has it."""
     hyper_params = list(hyper_param_overrides.pop("hyper_params", self.hyper_params))

@@ -118,6 +118,14 @@ class OptaxWrapper(OptimizerDef):
     new_params = optax.apply_updates(params, updates)
     return new_params, OptimizerState(state.step + 1, new_opt_state)
 
+  def overridable_names(self) -> frozenset[str]:
+    """The factory's arguments and the names of wrapped definitions among them
+    (``chain([optcore.adamw(...)])`` takes ``learning_rate``); none for a ready
+    transformation."""
+    if self._factory is None:
+      return frozenset()
+    return frozenset(self.hyper_params) | _reachable_names(self.hyper_params)
+
   def update_hyper_params(self, **hyper_param_overrides: Any) -> HyperParams:
     if self._factory is None and hyper_param_overrides.keys() - {"hyper_params"}:
       raise TypeError(
@@ -248,7 +256,10 @@ class OptaxWrapper(OptimizerDef):
 
 
 def wrap_optax_optimizer(
-  optax_optimizer: Callable[..., Any], name: str | None = None
+  optax_optimizer: Callable[..., Any],
+  name: str | None = None,
+  *,
+  definition_class: type[OptaxWrapper] | None = None,
 ) -> Callable[..., OptaxWrapper]:
   """Turns an optax optimizer factory into an `OptaxWrapper` factory.
 
@@ -259,6 +270,8 @@ def wrap_optax_optimizer(
     optax_optimizer: a function returning an optax transformation, e.g.
       ``optax.adamw``.
     name: the name shown in errors and reprs; defaults to the factory's.
+    definition_class: the `OptaxWrapper` subclass to build (an adapter's own
+      face, e.g. T5X's); default `OptaxWrapper`.
 
   Example:
     >>> import jax.numpy as jnp, optax
@@ -274,8 +287,12 @@ def wrap_optax_optimizer(
   if name is None:
     name = getattr(optax_optimizer, "__name__", None) or type(optax_optimizer).__name__
 
+  cls = OptaxWrapper if definition_class is None else definition_class
+  if not (isinstance(cls, type) and issubclass(cls, OptaxWrapper)):
+    raise TypeError(f"definition_class must be a subclass of OptaxWrapper, got {cls!r}")
+
   def wrapped(*args: Any, **kwargs: Any) -> OptaxWrapper:
-    return OptaxWrapper._from_factory(optax_optimizer, name, args, kwargs)
+    return cls._from_factory(optax_optimizer, name, args, kwargs)
 
   try:
     functools.update_wrapper(wrapped, optax_optimizer)

@@ -75,6 +75,9 @@ class WeightNorm(OptimizerDef):
     )
     self.wrapped_optimizer = wrapped_optimizer
 
+  def overridable_names(self) -> frozenset[str]:
+    return self.wrapped_optimizer.overridable_names() | {"wn_decay", "wn_eps"}
+
   def update_hyper_params(self, **overrides: Any) -> HyperParams:
     hp = overrides.pop("hyper_params", self.hyper_params)
     mine = {k: overrides.pop(k) for k in ("wn_decay", "wn_eps") if k in overrides}

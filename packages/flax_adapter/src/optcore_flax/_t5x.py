@@ -1,0 +1,58 @@
+"""What T5X's optimizers do differently from the core, in one place."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+from jax.sharding import Mesh, PartitionSpec
+
+import optcore
+
+
+class T5XFace:
+  """Mixed into a core definition (first in the bases), it behaves as T5X's:
+
+  - an override the definition has no hyper-parameter for is ignored with a
+    warning, as T5X ignored it (its trainer passes ``learning_rate=`` to
+    every definition on every step, ``chain`` of ready optax transformations
+    included); overrides the definition has are honoured;
+  - `derive_logical_axes` gives None for the step and for scalar state
+    leaves (optax's counters), as T5X does; `derive_shardings` still gives a
+    `NamedSharding` (replicated) for every leaf.
+  """
+
+  def update_hyper_params(self, **hyper_param_overrides: Any) -> Any:
+    replaced = hyper_param_overrides.pop("hyper_params", None)
+    ignored = sorted(set(hyper_param_overrides) - self.overridable_names())
+    if ignored:
+      warnings.warn(
+        f"{self!r} has no hyper-parameter {ignored}: ignored, as T5X ignored it (its trainer "
+        "passes learning_rate= on every step). To have a learning rate schedule take effect, "
+        "build the optimizer from optcore_flax.optimizers' factories, e.g. "
+        "optimizers.chain([optax.clip_by_global_norm(1.0), optimizers.adamw(1e-4)]).",
+        UserWarning,
+        stacklevel=3,
+      )
+    kept = {k: v for k, v in hyper_param_overrides.items() if k not in ignored}
+    if replaced is not None:
+      kept["hyper_params"] = replaced
+    return super().update_hyper_params(**kept)  # type: ignore[misc]
+
+  def derive_logical_axes(self, optimizer: optcore.Optimizer, param_logical_axes: Any) -> Any:
+    axes = super().derive_logical_axes(optimizer, param_logical_axes)  # type: ignore[misc]
+    scalars_none = lambda spec: None if isinstance(spec, PartitionSpec) and not len(spec) else spec
+    param_states = jax.tree.map(scalars_none, axes.state.param_states)
+    return axes.replace(state=axes.state.replace(step=None, param_states=param_states))
+
+  def derive_shardings(
+    self,
+    optimizer: optcore.Optimizer,
+    param_logical_axes: Any,
+    mesh: Mesh,
+    logical_axis_rules: Sequence[tuple[str, Any]] | None = None,
+  ) -> Any:
+    axes = super().derive_logical_axes(optimizer, param_logical_axes)  # type: ignore[misc]
+    return optcore.logical_to_mesh_sharding(axes, mesh, logical_axis_rules)
