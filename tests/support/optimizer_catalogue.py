@@ -83,6 +83,10 @@ CASES = [
   Case("nadamw", LR),
   Case("noisy_sgd", {**LR, "key": 0}),
   Case("novograd", LR),
+  # Defined in optax's alias module, offered as optax.<name>, missing from optax.__all__.
+  Case("optimistic_adam", LR),
+  Case("optimistic_adam_v2", LR),
+  Case("optimistic_gradient_descent", LR),
   Case("polyak_sgd", {"max_learning_rate": 0.5}, extra="value", lr_name="max_learning_rate"),
   Case("radam", LR),
   Case("rmsprop", LR),

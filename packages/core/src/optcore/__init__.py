@@ -30,6 +30,7 @@ from optcore._src.base import Optimizer as Optimizer
 from optcore._src.base import OptimizerDef as OptimizerDef
 from optcore._src.base import OptimizerState as OptimizerState
 from optcore._src.base import TreeMismatchError as TreeMismatchError
+from optcore._src.base import check_gradients as check_gradients
 from optcore._src.hyper_params import HyperParams as HyperParams
 from optcore._src.multi_optimizer import MultiOptimizer as MultiOptimizer
 from optcore._src.optax_wrapper import OptaxWrapper as OptaxWrapper
@@ -104,6 +105,7 @@ __all__ = [
   "StateDictError",
   "TreeMismatchError",
   "chain",
+  "check_gradients",
   "config",
   "adafactor",
   "contrib",

@@ -10,7 +10,6 @@ import jax
 from jax.sharding import Mesh
 
 import optcore
-from optcore._src.base import check_same_structure
 from optcore._src.optax_wrapper import as_definition
 
 PyTree = Any
@@ -75,6 +74,7 @@ class Optimizer(eqx.Module):
     """
     params, static = eqx.partition(model, self.wrt)
     selected = _select(grads, params)
+    optcore.check_gradients(self.optimizer_def, params, selected)
     hyper_params = self.optimizer_def.update_hyper_params(**overrides)
     new_params, new_state = self.optimizer_def.apply_gradient(
       hyper_params, params, self.state, selected, **(extra_args or {})
@@ -135,8 +135,9 @@ class Optimizer(eqx.Module):
 
 
 def _select(tree: PyTree, params: PyTree, check: bool = True) -> PyTree:
-  """``tree`` (model-shaped) cut to the optimised leaves; with ``check``, a
-  gradient tree that lacks one names the path (`optcore.TreeMismatchError`)."""
+  """``tree`` (model-shaped) cut to the optimised leaves. With ``check`` (grads),
+  a tree of another structure is returned as it is, for `optcore.check_gradients`
+  to name the first differing path; without (specs), it raises."""
   keep = jax.tree.map(lambda p: p is not None, params, is_leaf=lambda x: x is None)
   try:
     selected = jax.tree.map(lambda k, x: x if k else None, keep, tree)
@@ -147,6 +148,4 @@ def _select(tree: PyTree, params: PyTree, check: bool = True) -> PyTree:
         f"found {jax.tree.structure(tree)}"
       ) from None
     selected = tree  # another structure: let the check name the first differing path
-  if check:
-    check_same_structure(params, selected, "grads")
   return selected

@@ -47,8 +47,10 @@ def _flax_traversal_mask(traversal, params):
   ``t_identity['a']``) by marking what its ``update`` reaches."""
   if isinstance(traversal, _traverse_util.ModelParamTraversal):
     return _optcore.ModelParamTraversal(traversal._filter_fn).mask(params)
-  unpicked = _jax.tree.map(lambda _: False, params)
-  return traversal.update(lambda sub: _jax.tree.map(lambda _: True, sub), unpicked)
+  # Traversals write into dicts: mark a mutable copy, then give it the params' structure.
+  unpicked = _flax.core.unfreeze(_jax.tree.map(lambda _: False, params))
+  picked = traversal.update(lambda sub: _jax.tree.map(lambda _: True, sub), unpicked)
+  return _jax.tree.unflatten(_jax.tree.structure(params), _jax.tree.leaves(picked))
 
 
 _optcore.register_selector_type(_traverse_util.Traversal, _flax_traversal_mask)

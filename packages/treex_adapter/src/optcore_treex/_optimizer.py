@@ -6,10 +6,12 @@ import typing as tp
 from collections.abc import Mapping
 
 import jax
+import jax.numpy as jnp
+import optax
+import optax.tree_utils
 import treeo as to
 
 import optcore
-from optcore._src.base import check_same_structure
 from optcore._src.optax_wrapper import as_definition
 
 PyTree = tp.Any
@@ -22,9 +24,14 @@ class Optimizer(to.Tree):
   uninitialised); ``update(grads, params)`` replaces this optimizer's state
   and returns the new parameters (or the updates, with
   ``apply_updates=False``). Under ``jax.jit`` return the optimizer from the
-  jitted function to keep its new state. Unlike Treex, the state keeps the
+  jitted function to keep its new state.
+
+  As in Treex, the optimizer's pytree leaves are exactly the optax state's
+  leaves, in optax's order (``jax.tree_util.tree_leaves(optimizer)`` equals
+  ``tree_leaves(tx.init(params))``). Unlike Treex, that state keeps the
   parameters' structure (not a flat list), so selectors and checkpoints see
-  real paths.
+  real paths. A definition that needs the step count (flax.optim's algorithms,
+  T5X's Adafactor) keeps it as one more leaf, after the state's.
 
   Args:
     optimizer: an optax ``GradientTransformation`` or any `optcore.OptimizerDef`.
@@ -33,34 +40,52 @@ class Optimizer(to.Tree):
     >>> import jax, jax.numpy as jnp, optax
     >>> import optcore_treex
     >>> params = {'w': jnp.ones(2)}
-    >>> optimizer = optcore_treex.Optimizer(optax.sgd(0.5)).init(params)
+    >>> optimizer = optcore_treex.Optimizer(optax.adam(0.5)).init(params)
     >>> @jax.jit
     ... def train_step(params, optimizer):
     ...   grads = jax.grad(lambda p: jnp.sum(p['w'] ** 2))(params)
     ...   params = optimizer.update(grads, params)
     ...   return params, optimizer
     >>> params, optimizer = train_step(params, optimizer)
-    >>> params['w'], int(optimizer.state.step)
-    (Array([0., 0.], dtype=float32), 1)
+    >>> params['w'].round(4), int(optimizer.state.step)
+    (Array([0.5, 0.5], dtype=float32), 1)
+    >>> len(jax.tree_util.tree_leaves(optimizer)) == len(
+    ...     jax.tree_util.tree_leaves(optax.adam(0.5).init(params)))
+    True
   """
 
-  state: optcore.OptimizerState | None = to.field(None, node=True)
+  opt_state: tp.Any = to.field(None, node=True)
+  # None (no leaf) for optax transformations, whose state carries its own counts.
+  step: jax.Array | None = to.field(None, node=True)
   optimizer_def: optcore.OptimizerDef = to.field(node=False)
   n_leaves: int | None = to.field(None, node=False)
 
   def __init__(self, optimizer: tp.Any):
     self.optimizer_def = as_definition(optimizer, "optcore_treex.Optimizer")
-    self.state = None
+    self.opt_state = None
+    self.step = None
     self.n_leaves = None
 
   @property
   def initialized(self) -> bool:
-    return self.state is not None
+    return self.n_leaves is not None
+
+  @property
+  def state(self) -> optcore.OptimizerState:
+    """The state as the core holds it: ``OptimizerState(step, opt_state)``.
+
+    For an optax transformation the step is read from optax's own ``count``
+    (adam's, a schedule's); it is None where the state has none (plain sgd).
+    """
+    self._check_initialized()
+    return optcore.OptimizerState(self._step(), self.opt_state)
 
   def init(self, params: PyTree) -> Optimizer:
     """A new optimizer initialised for ``params``; this one is not changed."""
     module = to.copy(self)
-    module.state = self.optimizer_def.init_state(params)
+    state = self.optimizer_def.init_state(params)
+    module.opt_state = state.param_states
+    module.step = None if self._optax_counts_steps() else state.step
     module.n_leaves = len(jax.tree.leaves(params))
     return module
 
@@ -97,45 +122,80 @@ class Optimizer(to.Tree):
           f"{name} must have length {self.n_leaves}, got {len(jax.tree.leaves(tree))}"
         )
     if params is not None:
-      check_same_structure(params, grads, "grads")
+      optcore.check_gradients(self.optimizer_def, params, grads)
     optimizer_def = self.optimizer_def
     hyper_params = optimizer_def.update_hyper_params(**hyper_param_overrides)
+    # The step a definition reads; optax transformations read none (they count in their state).
+    step = jnp.zeros((), jnp.int32) if self.step is None else self.step
+    state = optcore.OptimizerState(step, self.opt_state)
     if apply_updates or not isinstance(optimizer_def, optcore.OptaxWrapper):
       if params is None:
         raise ValueError(
           f"{optimizer_def!r} computes new parameters from the old ones: pass params"
         )
-      new_params, new_state = optimizer_def.apply_gradient(hyper_params, params, self.state, grads)
+      new_params, new_state = optimizer_def.apply_gradient(hyper_params, params, state, grads)
       output = new_params if apply_updates else jax.tree.map(lambda a, b: a - b, new_params, params)
+      opt_state = new_state.param_states
     else:  # the transformation's own updates: exact, and params optional as in optax
       tx = (
         optimizer_def._build(hyper_params)
         if hyper_param_overrides
         else optimizer_def.optax_optimizer
       )
-      output, opt_state = tx.update(grads, self.state.param_states, params)
-      new_state = optcore.OptimizerState(self.state.step + 1, opt_state)
-    self.state = new_state
+      output, opt_state = tx.update(grads, self.opt_state, params)
+    self.opt_state = opt_state
+    if self.step is not None:
+      self.step = self.step + 1
     return output
 
   def state_dict(self) -> dict[str, tp.Any]:
-    """``{'state': {'step': ..., 'param_states': ...}}``, the core's layout."""
+    """``{'state': {'step': ..., 'param_states': ...}}``, the core's layout.
+
+    The step is the definition's own, or optax's ``count`` for a
+    transformation that keeps one; a transformation with no count (plain
+    sgd) has no step to write, and its state dict has ``param_states`` only:
+    it restores in this face, and in the others after adding ``'step'``.
+    """
     self._check_initialized()
-    return {"state": self.optimizer_def.state_dict(None, self.state)["state"]}
+    state_dict = self.optimizer_def.state_dict(None, self._full_state())["state"]
+    if self._step() is None:
+      del state_dict["step"]
+    return {"state": state_dict}
 
   def restore_state(self, state_dict: Mapping[str, tp.Any]) -> Optimizer:
     """A new optimizer holding ``state_dict['state']`` (this adapter's, the
-    core's or Flax's layout); this one is untouched."""
+    core's or Flax's layout); this one is untouched. The step of a core or
+    Flax checkpoint is read where this optimizer keeps one; an optax
+    transformation's counts are in its state."""
     self._check_initialized()
     if not isinstance(state_dict, Mapping) or "state" not in state_dict:
       found = sorted(state_dict) if isinstance(state_dict, Mapping) else type(state_dict).__name__
       raise optcore.StateDictError(f"expected a dict with a 'state' key, found {found}")
-    _, state = self.optimizer_def.restore_state(
-      None, self.state, {"target": None, "state": state_dict["state"]}
-    )
+    given = state_dict["state"]
+    reference = self._full_state()
+    if self.step is None and isinstance(given, Mapping):  # optax's own counts are in its state
+      given = {**given, "step": optcore.to_state_dict(reference.step)}
+    _, state = self.optimizer_def.restore_state(None, reference, {"target": None, "state": given})
     module = to.copy(self)
-    module.state = state
+    module.opt_state = state.param_states
+    module.step = None if self.step is None else state.step
     return module
+
+  def _optax_counts_steps(self) -> bool:
+    return isinstance(self.optimizer_def, optcore.OptaxWrapper)
+
+  def _step(self) -> jax.Array | None:
+    if self.step is not None:
+      return self.step
+    counts = optax.tree_utils.tree_get_all_with_path(self.opt_state, "count")
+    return counts[0][1] if counts else None
+
+  def _full_state(self) -> optcore.OptimizerState:
+    """The state with a step leaf (zero where none is known), for the core's serialization."""
+    step = self._step()
+    return optcore.OptimizerState(
+      jnp.zeros((), jnp.int32) if step is None else step, self.opt_state
+    )
 
   def _check_initialized(self) -> None:
     if not self.initialized:

@@ -89,6 +89,11 @@ class OptimizerDef:
   #: per parameter (wrapped optax transformations are not).
   per_parameter_state: bool = True
 
+  #: Whether the gradients carry a leading axis of examples before the
+  #: parameter's own dimensions (dpsgd's per-example gradients); the
+  #: gradient check then compares the trailing dimensions.
+  per_example_gradients: bool = False
+
   #: Hyper-parameters the original algorithm read from its constructor only
   #: (they shape the state): an apply-time override of one is accepted, as
   #: the original accepted it, changes nothing, and warns that it changed nothing.
@@ -465,7 +470,7 @@ class Optimizer(Generic[T]):
       **hyper_param_overrides: hyper-parameter values for this step only,
         e.g. ``learning_rate=lr``; traced values do not cause recompiles.
     """
-    check_same_structure(self.target, grads, "grads")
+    check_gradients(self.optimizer_def, self.target, grads)
     hyper_params = self.optimizer_def.update_hyper_params(**hyper_param_overrides)
     new_target, new_state = self.optimizer_def.apply_gradient(
       hyper_params, self.target, self.state, grads, **(extra_args or {})
@@ -564,3 +569,35 @@ def check_same_structure(reference: PyTree, other: PyTree, what: str) -> None:
     + (f": it has extra entries at {extra[:5]}" if extra else "")
     + f". Expected {jax.tree.structure(reference)}, found {jax.tree.structure(other)}."
   )
+
+
+def check_gradients(
+  optimizer_def: OptimizerDef, params: PyTree, grads: PyTree, what: str = "grads"
+) -> None:
+  """Raises `TreeMismatchError` naming the path where ``grads`` do not fit
+  ``params``: another structure, a None or missing gradient, or a leaf of
+  another shape (a (2, 1) gradient for a (2,) parameter would broadcast
+  silently). Shapes are static, so under ``jit`` this costs nothing per step.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> import optcore
+    >>> params = {'b': jnp.zeros(2)}
+    >>> optcore.check_gradients(optcore.adam(1e-2), params, {'b': jnp.ones((2, 1))})
+    Traceback (most recent call last):
+    ...
+    optcore.TreeMismatchError: grads has shape (2, 1) at '/b', where the parameter has shape (2,)...
+  """
+  check_same_structure(params, grads, what)
+  per_example = getattr(optimizer_def, "per_example_gradients", False)
+  named, _ = paths.leaves_with_names(params)
+  for (names, param), grad in zip(named, jax.tree.leaves(grads), strict=True):
+    want, found = np.shape(param), np.shape(grad)
+    fits = found[1:] == want if per_example else found == want
+    if not fits:
+      expected = f"(examples, {', '.join(map(str, want))})" if per_example else str(want)
+      raise TreeMismatchError(
+        f"{what} has shape {found} at {'/' + '/'.join(names)!r}, where the parameter has shape "
+        f"{want}; expected a gradient of shape {expected}. Pass the gradient of the loss with "
+        "respect to this parameter (jax.grad gives each the parameter's shape)."
+      )

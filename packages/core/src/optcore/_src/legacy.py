@@ -66,11 +66,13 @@ class _AdadeltaParamState:
 
 
 def _bias_correction(beta: Any, step: jax.Array, dtype: Any) -> jax.Array:
-  """``1 - beta**(step + 1)`` in ``dtype``.
+  """``1 - beta**(step + 1)`` in ``dtype`` (float64 is float32 unless x64 is on,
+  as JAX truncated it for flax.optim, here without the warning).
 
   An eager step asks for it once per parameter with the same ``step``: it is
   computed once per (step, beta, dtype) there (jit dedupes it by itself).
   """
+  dtype = jax.dtypes.canonicalize_dtype(dtype)
   if isinstance(step, jax.core.Tracer) or not isinstance(beta, (int, float)):
     return 1 - beta ** jnp.asarray(step + 1, dtype)
   key = (id(step), beta, jnp.dtype(dtype).str)

@@ -87,6 +87,11 @@ class MultiOptimizer(OptimizerDef):
     """True when every group keeps per-parameter state: then the state is one tree."""
     return all(opt.per_parameter_state for opt in self.sub_optimizers)
 
+  @property
+  def per_example_gradients(self) -> bool:  # type: ignore[override]
+    # One gradient tree serves every group: per-example only if every group takes them.
+    return all(opt.per_example_gradients for opt in self.sub_optimizers)
+
   def set_param_axes(self, param_logical_axes: PyTree) -> None:
     """T5X's hook: hands each group that has ``set_param_axes`` (T5X's
     Adafactor) the logical axes of its own leaves, None elsewhere."""

@@ -19,6 +19,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import optax
+import optax.contrib
 
 from optcore._src import partition_rules, paths, serialization
 from optcore._src.base import OptimizerDef, OptimizerState, PyTree
@@ -80,6 +81,8 @@ class OptaxWrapper(OptimizerDef):
     self._factory = factory
     self._signature = inspect.signature(factory) if factory is not None else None
     self._name = name
+    # optax's dpsgd clips and noises one gradient per example: a leading batch axis.
+    self.per_example_gradients = factory is not None and factory is optax.contrib.dpsgd
     # Override signatures already checked (see _check_overrides), oldest first.
     self._checked: collections.OrderedDict = collections.OrderedDict()
 
