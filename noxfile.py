@@ -38,6 +38,8 @@ VARIANTS = {
   "treex": ("optcore-treex", ["tests/treex"]),
   "all": (None, ["tests/conformance", "tests/distributed", "tests/benchmarks"]),
 }
+# Dependency groups a variant's tests need beyond "test" (T5X's gin configs for flax).
+EXTRA_GROUPS = {"flax": ["gin"], "all": ["checkpoint", "demo"]}
 # The multi-device tests run on 8 CPU devices (and spawn their own processes
 # for the loopback multi-process run).
 EIGHT_CPU_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
@@ -70,7 +72,7 @@ def run_pytest(
 def tests(session: nox.Session, variant: str) -> None:
   """The test suite on CPU, one venv per package."""
   package, folders = VARIANTS[variant]
-  sync(session, package, "test", *(["checkpoint", "demo"] if package is None else []))
+  sync(session, package, "test", *EXTRA_GROUPS.get(variant, []))
   run_pytest(session, folders)
 
 
@@ -97,7 +99,7 @@ def tests_cuda(session: nox.Session) -> None:
     if os.environ.get("OPTCORE_REQUIRE_GPU") == "1":
       session.error(f"OPTCORE_REQUIRE_GPU=1 but {message}")
     session.skip(f"{message}; the CUDA tests need one")
-  sync(session, None, "test")
+  sync(session, None, "test", "gin")
   jax_version = session.run(
     "python", "-c", "import jax; print(jax.__version__)", silent=True
   ).strip()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -125,3 +127,32 @@ def test_grads_that_do_not_fit_the_params_name_the_path(grads, message):
   opt = optcore.adam(1e-3).create({"a": jnp.ones(2), "b": jnp.ones(3)})
   with pytest.raises(optcore.TreeMismatchError, match=message):
     opt.apply_gradient(grads)
+
+
+# Gradients are checked against the parameters: path, expected and found shapes.
+
+
+@pytest.mark.parametrize(
+  "shape", [(2, 1), (1,), (5,)], ids=["extra-axis", "broadcasting", "longer"]
+)
+def test_a_gradient_of_the_wrong_shape_names_its_path_eager_and_jitted(shape):
+  optimizer = optcore.adam(1e-2).create({"layer": {"b": jnp.zeros(2)}})
+  grads = {"layer": {"b": jnp.ones(shape)}}
+  message = (
+    rf"grads has shape {re.escape(str(shape))} at '/layer/b', where the parameter has shape \(2,\)"
+  )
+  for step in (lambda o, g: o.apply_gradient(g), jax.jit(lambda o, g: o.apply_gradient(g))):
+    with pytest.raises(optcore.TreeMismatchError, match=message):
+      step(optimizer, grads)
+
+
+def test_per_example_gradients_are_checked_on_their_trailing_dimensions():
+  params = {"w": jnp.zeros(3)}
+  dpsgd = optcore.contrib.dpsgd(0.1, l2_norm_clip=1.0, noise_multiplier=0.0, seed=0)
+  assert dpsgd.per_example_gradients and not optcore.sgd(0.1).per_example_gradients
+  optimizer = dpsgd.create(params).apply_gradient({"w": jnp.ones((4, 3))})  # 4 examples
+  assert optimizer.target["w"].shape == (3,)
+  with pytest.raises(
+    optcore.TreeMismatchError, match=r"expected a gradient of shape \(examples, 3\)"
+  ):
+    dpsgd.create(params).apply_gradient({"w": jnp.ones((4, 2))})

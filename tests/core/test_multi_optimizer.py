@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from jax.sharding import PartitionSpec as P
 from optimizer_catalogue import loss_fn, make_params
 from tree_testing import assert_trees_equal
 
@@ -263,3 +264,87 @@ def test_as_optax_of_a_per_parameter_definition():
   tx = Momentum().as_optax()
   with pytest.raises(ValueError, match=r"needs them: call tx.update\(grads, state, params\)"):
     tx.update(params, tx.init(params))
+
+
+# The state's layout: flax.optim's one tree for per-parameter groups.
+
+
+def per_parameter_params():
+  return {
+    "encoder": {"kernel": jnp.ones((2, 3)), "bias": jnp.zeros(3)},
+    "head": jnp.ones(3),
+    "frozen": jnp.full(2, 7.0),
+  }
+
+
+def test_per_parameter_groups_share_one_parameter_shaped_state_tree():
+  params = per_parameter_params()
+  opt_def = optcore.MultiOptimizer(
+    (r"kernel", optcore.legacy.Adam(0.1)), (r"bias|head", optcore.legacy.Momentum(0.1))
+  )
+  assert opt_def.per_parameter_state
+  optimizer = opt_def.create(params)
+  states = optimizer.state.param_states
+  assert sorted(states) == ["encoder", "frozen", "head"] and states["frozen"] is None
+  assert isinstance(states["encoder"]["kernel"], optcore.legacy.AdamParamState)
+  assert isinstance(states["head"], optcore.legacy.MomentumParamState)
+  grads = jax.tree.map(jnp.ones_like, params)
+  stepped = jax.jit(lambda o, g: o.apply_gradient(g))(optimizer, grads)
+  # Each leaf moves as its own group's definition alone moves it.
+  alone = optcore.legacy.Momentum(0.1).create({"head": params["head"]})
+  alone = alone.apply_gradient({"head": grads["head"]})
+  np.testing.assert_array_equal(stepped.target["head"], alone.target["head"])
+  np.testing.assert_array_equal(stepped.target["frozen"], params["frozen"])
+  restored = opt_def.create(params).restore_state(stepped.state_dict())
+  assert_trees_equal(restored, stepped)
+  axes = opt_def.derive_logical_axes(
+    optimizer,
+    {"encoder": {"kernel": P("embed", "mlp"), "bias": P("mlp")}, "head": P("mlp"), "frozen": P()},
+  )
+  assert axes.state.param_states["encoder"]["kernel"].grad_ema == P("embed", "mlp")
+  assert axes.state.param_states["frozen"] is None
+
+
+def test_a_group_wrapping_optax_keeps_one_state_per_group():
+  opt_def = optcore.MultiOptimizer(
+    (r"kernel", optcore.adam(0.1)), (r"bias", optcore.legacy.Momentum(0.1))
+  )
+  assert not opt_def.per_parameter_state
+  states = opt_def.create(per_parameter_params()).state.param_states
+  assert isinstance(states, tuple) and len(states) == 2
+  assert states[1]["head"] is None and states[1]["encoder"]["bias"].momentum.shape == (3,)
+
+
+def test_t5xs_single_sequence_of_pairs_is_accepted():
+  pairs = ((r"kernel", optcore.legacy.Adam(0.1)), (r"bias", optcore.legacy.Momentum(0.1)))
+  assert optcore.MultiOptimizer(pairs) == optcore.MultiOptimizer(*pairs)
+  assert (
+    optcore.MultiOptimizer(list(pairs)).sub_optimizers
+    == optcore.MultiOptimizer(*pairs).sub_optimizers
+  )
+  single = optcore.MultiOptimizer((r"kernel", optcore.legacy.Adam(0.1)))  # one pair, not a sequence
+  assert len(single.sub_optimizers) == 1
+
+
+def test_overlapping_selectors_start_with_flax_optims_message():
+  opt_def = optcore.MultiOptimizer((r"encoder", optcore.sgd(0.1)), (r"kernel", optcore.sgd(0.1)))
+  with pytest.raises(ValueError, match=r"^Multiple optimizers match the same leaves : \{") as e:
+    opt_def.create(per_parameter_params())
+  assert "'kernel': [0, 1]" in str(e.value) and "/encoder/kernel (selectors 0 and 1)" in str(
+    e.value
+  )
+
+
+def test_a_registered_selector_type_selects():
+  class Names:
+    def __init__(self, *names):
+      self.names = names
+
+  optcore.register_selector_type(Names, lambda sel, params: {k: k in sel.names for k in params})
+  params = per_parameter_params()
+  optimizer = optcore.sgd(0.5).create(params, focus=Names("head"))
+  stepped = optimizer.apply_gradient(jax.tree.map(jnp.ones_like, params))
+  np.testing.assert_array_equal(stepped.target["head"], params["head"] - 0.5)
+  np.testing.assert_array_equal(stepped.target["encoder"]["kernel"], params["encoder"]["kernel"])
+  with pytest.raises(TypeError, match="takes a class and a function"):
+    optcore.register_selector_type(Names(), lambda s, p: p)

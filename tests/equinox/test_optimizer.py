@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -185,6 +187,25 @@ def test_gradients_of_another_structure_name_the_path():
   other = eqx.nn.MLP(3, 2, width_size=8, depth=1, key=jax.random.key(0))
   with pytest.raises(optcore.TreeMismatchError, match=r"'/layers/2/weight'"):
     opt.update(eqx.filter_grad(loss)(other), model)
+
+
+@pytest.mark.parametrize(
+  "shape", [(5,), (1,), (2, 1)], ids=["longer", "broadcasting", "extra-axis"]
+)
+def test_a_gradient_of_the_wrong_shape_names_its_path_and_changes_nothing(shape):
+  model = mlp()
+  opt = optcore_equinox.Optimizer(optcore.adam(1e-2), model)
+  bias = model.layers[1].bias
+  grads = eqx.tree_at(lambda m: m.layers[1].bias, eqx.filter_grad(loss)(model), jnp.ones(shape))
+  before = jax.tree.map(np.asarray, eqx.filter(opt, eqx.is_array))
+  found, want = re.escape(str(shape)), re.escape(str(bias.shape))
+  message = rf"grads has shape {found} at '/layers/1/bias', where the parameter has shape {want}"
+  for update in (opt.update, eqx.filter_jit(opt.update)):
+    with pytest.raises(optcore.TreeMismatchError, match=message):
+      update(grads, model)
+  after = jax.tree.leaves(eqx.filter(opt, eqx.is_array))
+  for got, want in zip(after, jax.tree.leaves(before), strict=True):
+    np.testing.assert_array_equal(got, want)
 
 
 def test_state_dict_round_trips_and_moves_to_the_core():

@@ -92,6 +92,48 @@ def test_documented_usage_equals_raw_optax_bitwise(params):
   assert int(optimizer.state.step) == 20 and type(ours) is type(params)
 
 
+@pytest.mark.parametrize(
+  "make_tx",
+  [lambda: optax.adam(0.1), lambda: optax.sgd(0.1, momentum=0.9), lambda: optax.sgd(0.1)],
+  ids=["adam", "momentum", "sgd"],
+)
+def test_the_optimizers_leaves_are_optax_states_leaves_as_in_treex(make_tx):
+  params = Dense()
+  tx = make_tx()
+  optimizer = Optimizer(tx).init(params)
+  opt_state = tx.init(params)
+  assert_trees_equal(jax.tree_util.tree_leaves(optimizer), jax.tree_util.tree_leaves(opt_state))
+  grads = jax.grad(loss)(params)
+  new_params = optimizer.update(grads, params)
+  updates, opt_state = tx.update(grads, opt_state, params)
+  assert_trees_equal(new_params, optax.apply_updates(params, updates))
+  assert_trees_equal(jax.tree_util.tree_leaves(optimizer), jax.tree_util.tree_leaves(opt_state))
+
+
+def test_a_checkpoint_carries_the_step_where_it_is_known():
+  params = dict_params()
+  grads = jax.grad(loss)(params)
+  adam = Optimizer(optax.adam(0.1)).init(params)
+  adam.update(grads, params)
+  # adam counts its steps: the checkpoint has the core's layout, step included.
+  state_dict = adam.state_dict()
+  assert int(state_dict["state"]["step"]) == 1
+  core = optcore.OptaxWrapper(optax.adam(0.1)).create(params)
+  core = core.restore_state({"target": core.state_dict()["target"], **state_dict})
+  assert int(core.state.step) == 1
+  # plain sgd keeps no count: the checkpoint has the optax state only, and restores here.
+  sgd = Optimizer(optax.sgd(0.1, momentum=0.9)).init(params)
+  sgd.update(grads, params)
+  assert set(sgd.state_dict()["state"]) == {"param_states"}
+  restored = Optimizer(optax.sgd(0.1, momentum=0.9)).init(params).restore_state(sgd.state_dict())
+  assert_trees_equal(restored.opt_state, sgd.opt_state)
+  # a definition that needs the step keeps it as one more leaf, after optax's.
+  legacy = Optimizer(optcore.legacy.Adam(0.1)).init(params)
+  assert len(jax.tree_util.tree_leaves(legacy)) == 2 * len(jax.tree.leaves(params)) + 1
+  legacy.update(grads, params)
+  assert int(legacy.state_dict()["state"]["step"]) == 1
+
+
 def test_a_filtered_module_keeps_its_other_kinds_untouched():
   model = Dense()
   params = to.filter(model, Parameter)

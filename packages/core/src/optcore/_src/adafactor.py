@@ -434,7 +434,8 @@ class Adafactor(OptimizerDef):
       keep = lambda new, old: jnp.where(jnp.isnan(new), old, new)
       new_param = keep(new_param, param)
       new_state = jax.tree.map(keep, new_state, state)
-    return new_param.astype(param.dtype), new_state
+    # float64 params are float32 unless x64 is on: say so without JAX's truncation warning.
+    return new_param.astype(jax.dtypes.canonicalize_dtype(param.dtype)), new_state
 
   # Partitioning: the accumulators keep the axes their reduction spares.
 
