@@ -183,3 +183,23 @@ def test_adafactor_on_a_sharded_nnx_model(mesh):
   plain = train(False)
   assert sharded.kernel[...].sharding.spec == P(None, "x")
   np.testing.assert_allclose(sharded.kernel[...], plain.kernel[...], rtol=1e-6, atol=1e-6)
+
+
+def test_derive_shardings_names_the_leaf_a_mesh_axis_does_not_divide():
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("model",))
+  opt_def = optcore.adam(1e-2)
+  optimizer = opt_def.create({"w": jnp.ones((4, 3))})
+  with pytest.raises(optcore.PartitionRuleError, match=r"'target/w'.*dimension 1 .*size 3"):
+    opt_def.derive_shardings(optimizer, {"w": P(None, "model")}, mesh)
+
+
+def test_equinox_shard_names_the_leaf_a_mesh_axis_does_not_divide():
+  eqx = pytest.importorskip("equinox", reason="the Equinox face is tested in the 'all' variant")
+  import optcore_equinox
+
+  model = eqx.nn.Linear(4, 3, key=jax.random.key(0))  # weight (3, 4), bias (3,)
+  opt = optcore_equinox.Optimizer(optcore.adam(1e-2), model)
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("model",))
+  specs = eqx.tree_at(lambda m: (m.weight, m.bias), model, (P("model", None), P(None)))
+  with pytest.raises(optcore.PartitionRuleError, match=r"dimension 0 of shape \(3, 4\) has size 3"):
+    opt.shard(model, specs, mesh)

@@ -286,3 +286,44 @@ def test_a_legacy_definition_equals_the_core_loop_bitwise(make):
 def test_something_that_is_no_optimizer_is_refused_by_name():
   with pytest.raises(TypeError, match=r"optcore_equinox.Optimizer takes an optcore definition"):
     optcore_equinox.Optimizer("adam", mlp())
+
+
+# Wrong inputs through this face (the core's checks; issue 16).
+
+
+@pytest.mark.parametrize(
+  ("value", "error", "message"),
+  [
+    (None, ValueError, r"learning_rate=None is refused"),
+    ("0.1", TypeError, r"learning_rate='0\.1' is a str"),
+    (True, TypeError, r"learning_rate=True is a bool"),
+    (jnp.ones(3), ValueError, r"learning_rate has shape \(3,\)"),
+  ],
+  ids=["none", "string", "bool", "vector"],
+)
+def test_wrong_override_values_are_refused_by_name_eager_and_under_filter_jit(
+  value, error, message
+):
+  model = mlp()
+  opt = optcore_equinox.Optimizer(optcore.adam(1e-2), model)
+  grads = eqx.filter_grad(loss)(model)
+  before = jax.tree.map(np.asarray, eqx.filter(opt, eqx.is_array))
+  update = lambda g, m, o, lr: o.update(g, m, learning_rate=lr)
+  for run in (update, eqx.filter_jit(update)):
+    with pytest.raises(error, match=message):
+      run(grads, model, opt, value)
+  after = jax.tree.leaves(eqx.filter(opt, eqx.is_array))
+  for got, want in zip(after, jax.tree.leaves(before), strict=True):
+    np.testing.assert_array_equal(got, want)
+
+
+def test_a_filter_that_selects_nothing_warns():
+  with pytest.warns(UserWarning, match=r"selects no leaf of the model, so nothing will be trained"):
+    optcore_equinox.Optimizer(optcore.adam(1e-2), mlp(), wrt=lambda x: False)
+
+
+def test_a_step_without_a_learning_rate_names_it():
+  model = mlp()
+  opt = optcore_equinox.Optimizer(optcore.legacy.Adam(), model)
+  with pytest.raises(optcore.MissingHyperParameterError, match="no learning rate provided"):
+    opt.update(eqx.filter_grad(loss)(model), model)

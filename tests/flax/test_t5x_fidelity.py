@@ -319,3 +319,21 @@ def test_a_t5x_chain_gin_config_builds_the_chain_and_ignores_the_trainers_rate(g
     updates, state = tx.update(grads, state, raw_params)
     raw_params = optax.apply_updates(raw_params, updates)
   np.testing.assert_allclose(optimizer.target["w"], raw_params["w"], rtol=1e-6)
+
+
+# Wrong inputs through the T5X face (issue 16): T5X's numbers, a warning, or a named error.
+
+
+def test_t5x_face_warns_on_overrides_t5x_ignored_and_refuses_wrong_values():
+  params = {"w": jnp.ones((4, 4))}
+  grads = {"w": jnp.full((4, 4), 0.5)}
+  optimizer = adafactor.Adafactor(0.1).create(params)
+  plain = optimizer.apply_gradient(grads)
+  with pytest.warns(UserWarning, match=r"beta1=0\.9 has no effect"):
+    assert_trees_equal(optimizer.apply_gradient(grads, beta1=0.9).target, plain.target)
+  with pytest.warns(UserWarning, match=r"\['factored'\] have no effect"):
+    assert_trees_equal(optimizer.apply_gradient(grads, factored=False).target, plain.target)
+  with pytest.raises(ValueError, match=r"learning_rate=None is refused"):
+    optimizer.apply_gradient(grads, learning_rate=None)
+  with pytest.raises(TypeError, match=r"learning_rate='0\.1' is a str"):
+    optimizers.adamw(1e-3).create(params).apply_gradient(grads, learning_rate="0.1")

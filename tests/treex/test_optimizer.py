@@ -284,3 +284,45 @@ def test_a_legacy_definition_equals_the_core_optimizer_bitwise():
 def test_something_that_is_no_optimizer_is_refused_by_name():
   with pytest.raises(TypeError, match=r"optcore_treex.Optimizer takes an optcore definition"):
     Optimizer(0.1)
+
+
+# Wrong inputs through this face (the core's checks; issue 16).
+
+
+def test_params_of_other_shapes_than_at_init_are_refused_by_path():
+  params = dict_params()
+  optimizer = Optimizer(optax.adam(1e-2)).init(params)
+  before = jax.tree.map(np.array, optimizer.opt_state)
+  other = {"w": jnp.ones((3, 2)), "b": jnp.zeros(4)}
+  with pytest.raises(
+    ValueError, match=r"params has shape \(3, 2\) at '/w'.*initialised for shape \(3, 4\)"
+  ):
+    optimizer.update(other, other)
+  with pytest.raises(ValueError, match=r"grads has shape \(3, 2\) at '/w'"):
+    optimizer.update(other, apply_updates=False)
+  assert_trees_equal(optimizer.opt_state, before)
+
+
+def test_a_none_gradient_names_its_path_not_a_leaf_count():
+  params = dict_params()
+  optimizer = Optimizer(optax.adam(1e-2)).init(params)
+  with pytest.raises(optcore.TreeMismatchError, match=r"None at '/w'"):
+    optimizer.update({"w": None, "b": jnp.zeros(4)}, params)
+
+
+@pytest.mark.parametrize("apply_updates", [True, False])
+def test_wrong_override_values_are_refused_by_name(apply_updates):
+  params = dict_params()
+  optimizer = Optimizer(optcore.adam(1e-2)).init(params)
+  grads = jax.grad(loss)(params)
+  before = jax.tree.map(np.array, optimizer.opt_state)
+  with pytest.raises(ValueError, match=r"learning_rate=None is refused"):
+    optimizer.update(grads, params, apply_updates=apply_updates, learning_rate=None)
+  with pytest.raises(TypeError, match=r"learning_rate='1e-3' is a str"):
+    optimizer.update(grads, params, apply_updates=apply_updates, learning_rate="1e-3")
+  assert_trees_equal(optimizer.opt_state, before)
+
+
+def test_integer_parameters_are_refused_at_init_by_path():
+  with pytest.raises(TypeError, match=r"parameter at '/step' has dtype int32"):
+    Optimizer(optax.adam(1e-2)).init({"w": jnp.ones(2), "step": jnp.asarray(0)})

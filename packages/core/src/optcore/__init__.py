@@ -26,6 +26,7 @@ import optax as _optax
 from optcore import contrib as contrib
 from optcore import partitioning as partitioning
 from optcore._src.aliases import optax_alias_names as _optax_alias_names
+from optcore._src.base import MissingHyperParameterError as MissingHyperParameterError
 from optcore._src.base import Optimizer as Optimizer
 from optcore._src.base import OptimizerDef as OptimizerDef
 from optcore._src.base import OptimizerState as OptimizerState
@@ -49,6 +50,7 @@ from optcore._src.sharding import logical_to_mesh_axes as logical_to_mesh_axes
 from optcore._src.sharding import logical_to_mesh_sharding as logical_to_mesh_sharding
 from optcore._src.traversal import ModelParamTraversal as ModelParamTraversal
 from optcore._src.traversal import SelectorError as SelectorError
+from optcore._src.traversal import leaves_with_paths as leaves_with_paths
 from optcore._src.traversal import register_selector_type as register_selector_type
 from optcore._src.traversal import selector_mask as selector_mask
 from optcore.contrib import CONTRIB_OPTIMIZERS as _CONTRIB_OPTIMIZERS
@@ -93,6 +95,7 @@ def __getattr__(name: str):
 __all__ = [
   "OPTAX_ALIASES",
   "HyperParams",
+  "MissingHyperParameterError",
   "ModelParamTraversal",
   "MultiOptimizer",
   "OptaxStatePartitionRules",
@@ -111,6 +114,7 @@ __all__ = [
   "contrib",
   "derive_optax_logical_axes",
   "from_state_dict",
+  "leaves_with_paths",
   "legacy",
   "logical_to_mesh",
   "logical_to_mesh_axes",

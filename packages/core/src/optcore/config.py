@@ -30,6 +30,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Mapping
 from typing import Any
@@ -40,6 +41,7 @@ import optax
 
 import optcore
 from optcore._src.adafactor import Adafactor as _T5XAdafactor
+from optcore._src.adafactor import FactorDim
 from optcore._src.base import OptimizerDef
 from optcore._src.hyper_params import static_key
 from optcore._src.multi_optimizer import MultiOptimizer
@@ -71,7 +73,7 @@ class Schedule:
 
   def __init__(self, name: str, **kwargs: Any):
     factory = getattr(optax.schedules, name, None)
-    if factory is None or not callable(factory) or not name.endswith("schedule"):
+    if not _public_optax_function(optax.schedules, name) or not name.endswith("schedule"):
       raise ConfigError(f"optax.schedules has no schedule {name!r}")
     self.name, self.kwargs = name, dict(kwargs)
     try:
@@ -108,6 +110,7 @@ def from_config(config: Mapping[str, Any], *, _path: str = "") -> OptimizerDef:
     return _chain(args, _path)
   factory = _factory(name, _join(_path, "name"))
   _check_arguments(name, factory, args, _path)
+  _check_types(name, factory, args, _path)
   kwargs = {k: _value(k, v, _join(_path, k)) for k, v in args.items()}
   try:
     return factory(**kwargs)
@@ -180,6 +183,66 @@ def _check_arguments(name: str, factory: Any, args: Mapping[str, Any], path: str
       )
 
 
+def _is_number(x: Any) -> bool:
+  return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _check_types(name: str, factory: Any, args: Mapping[str, Any], path: str) -> None:
+  """Each argument's type against the factory's signature, naming the field.
+
+  An argument whose default is a number (and every ``learning_rate``) takes a
+  number or a schedule; a numeric string is refused, not coerced, with the
+  fix; None is refused where the default is not None. A flag takes a bool.
+  A learning rate without a default must be given; flax.optim's and T5X's
+  definitions default it to None ("pass it every step"), which a config
+  cannot do, so a config must give it too.
+  """
+  params = inspect.signature(factory).parameters
+  legacy = name.startswith("legacy.") or name == "adafactor.Adafactor"
+  for key, p in params.items():
+    required = p.default is inspect.Parameter.empty and p.kind not in (
+      p.VAR_KEYWORD,
+      p.VAR_POSITIONAL,
+    )
+    if key not in args and (required or (legacy and key == "learning_rate")):
+      raise ConfigError(
+        f"at {_join(path, key)!r}: {name} needs {key!r}; add it to the config"
+        + (', e.g. "learning_rate": 1e-3' if key == "learning_rate" else "")
+      )
+  for key, value in args.items():
+    p = params.get(key)
+    if p is None:
+      continue
+    where = _join(path, key)
+    numeric = _is_number(p.default) or key.endswith("learning_rate")
+    if numeric:
+      if isinstance(value, Mapping) and "schedule" in value:
+        continue
+      if value is None and (p.default is None and not (legacy and key == "learning_rate")):
+        continue
+      if isinstance(value, str):
+        try:
+          float(value)
+        except ValueError:
+          raise ConfigError(
+            f"at {where!r}: expected a number, found the string {value!r}"
+          ) from None
+        raise ConfigError(
+          f"at {where!r}: expected a number, found the string {value!r}; numeric strings are "
+          "refused, not converted. Write it as a number (YAML 1.1 reads 1e-3 as a string: "
+          "write 1.0e-3)."
+        )
+      if not _is_number(value):
+        raise ConfigError(
+          f"at {where!r}: expected a number"
+          + (" or a schedule" if key.endswith("learning_rate") else "")
+          + f", found {value!r}"
+          + (" (an empty YAML field reads as None)" if value is None else "")
+        )
+    elif isinstance(p.default, bool) and not isinstance(value, bool):
+      raise ConfigError(f"at {where!r}: {key} is a flag: expected true or false, found {value!r}")
+
+
 def _value(key: str, value: Any, where: str) -> Any:
   if isinstance(value, Mapping) and "schedule" in value:
     kwargs = {k: v for k, v in value.items() if k != "schedule"}
@@ -189,6 +252,8 @@ def _value(key: str, value: Any, where: str) -> Any:
       raise ConfigError(f"at {where!r}: {e}") from None
   if isinstance(value, Mapping) and "name" in value:
     return from_config(value, _path=where)
+  if isinstance(value, Mapping):  # e.g. T5X Adafactor's logical_factor_rules
+    return {str(k): _value(str(k), v, _join(where, str(k))) for k, v in value.items()}
   if "dtype" in key and isinstance(value, str):
     try:
       return jnp.dtype(value)
@@ -238,6 +303,10 @@ class _Transform:
   def __init__(self, name: str, kwargs: dict[str, Any]):
     self.name, self.kwargs = name, kwargs
     self.tx = getattr(optax, name)(**kwargs)
+    if not (
+      callable(getattr(self.tx, "init", None)) and callable(getattr(self.tx, "update", None))
+    ):
+      raise TypeError(f"optax.{name} does not build a transformation (init/update)")
     self.init, self.update = self.tx.init, self.tx.update
 
   def __eq__(self, other: object) -> bool:
@@ -251,11 +320,25 @@ class _Transform:
     return f"optax.{self.name}({inner})"
 
 
+def _public_optax_function(module: Any, name: Any) -> bool:
+  """A config (maybe from an untrusted file) names public optax functions only:
+  no private or dunder name, no class, module or builtin."""
+  if not isinstance(name, str) or name.startswith("_"):
+    return False
+  fn = getattr(module, name, None)
+  if isinstance(fn, functools.partial):
+    fn = fn.func
+  return inspect.isfunction(fn) and fn.__module__.split(".")[0] == "optax"
+
+
 def _transform(item: Mapping[str, Any], where: str) -> _Transform:
   name = item["transform"]
+  if not _public_optax_function(optax, name):
+    raise ConfigError(
+      f"at {_join(where, 'transform')!r}: {name!r} is not a public optax transformation; name "
+      "one of optax's functions, e.g. 'clip_by_global_norm'"
+    )
   kwargs = {k: _value(k, v, _join(where, k)) for k, v in item.items() if k != "transform"}
-  if not isinstance(name, str) or not callable(getattr(optax, name, None)):
-    raise ConfigError(f"at {_join(where, 'transform')!r}: optax has no transformation {name!r}")
   try:
     return _Transform(name, kwargs)
   except TypeError as e:
@@ -291,6 +374,10 @@ def _write(key: str, value: Any) -> Any:
     return to_config(value)
   if isinstance(value, (list, tuple)):
     return [_write(key, v) for v in value]
+  if isinstance(value, Mapping):
+    return {str(k): _write(str(k), v) for k, v in value.items()}
+  if isinstance(value, FactorDim):
+    return value.name.lower()
   if isinstance(value, (np.dtype, type)) or ("dtype" in key and value is not None):
     return jnp.dtype(value).name
   if isinstance(value, (np.generic, np.ndarray)):
@@ -303,7 +390,8 @@ def _write(key: str, value: Any) -> Any:
 def _constructor_args(opt_def: OptimizerDef) -> dict[str, Any]:
   params = inspect.signature(type(opt_def).__init__).parameters
   values = {
-    name: opt_def.dtype_momentum if name == "dtype_momentum" else opt_def.hyper_params[name]
+    # Constructor arguments that are not hyper-parameters are attributes (dtype_momentum, ...).
+    name: opt_def.hyper_params[name] if name in opt_def.hyper_params else getattr(opt_def, name)
     for name in list(params)[1:]
   }
   return _non_default(values, params)

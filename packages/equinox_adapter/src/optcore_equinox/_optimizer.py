@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -55,7 +56,15 @@ class Optimizer(eqx.Module):
     optimizer = as_definition(optimizer, "optcore_equinox.Optimizer")
     self.optimizer_def = optimizer
     self.wrt = wrt
-    self.state = optimizer.init_state(eqx.filter(model, wrt))
+    params = eqx.filter(model, wrt)
+    if not jax.tree.leaves(params):
+      warnings.warn(
+        f"optcore_equinox.Optimizer: the filter wrt={wrt!r} selects no leaf of the model, so "
+        "nothing will be trained. The default, eqx.is_inexact_array, selects the float arrays.",
+        UserWarning,
+        stacklevel=2,
+      )
+    self.state = optimizer.init_state(params)
 
   def params(self, model: PyTree) -> PyTree:
     """The leaves of ``model`` this optimizer updates (None elsewhere)."""
@@ -121,7 +130,9 @@ class Optimizer(eqx.Module):
     state_axes = self.optimizer_def.derive_param_states_axes(self.state.param_states, params, axes)
     state_axes = optcore.OptimizerState(jax.sharding.PartitionSpec(), state_axes)
     axes_opt = eqx.tree_at(lambda o: o.state, self, state_axes)
-    return optcore.logical_to_mesh_sharding(axes_opt, mesh, logical_axis_rules)
+    shardings = optcore.logical_to_mesh_sharding(axes_opt, mesh, logical_axis_rules)
+    optcore.partitioning.check_divisible(self, shardings)  # before JAX's IndivisibleError
+    return shardings
 
   def shard(
     self,

@@ -55,4 +55,6 @@ class T5XFace:
     logical_axis_rules: Sequence[tuple[str, Any]] | None = None,
   ) -> Any:
     axes = super().derive_logical_axes(optimizer, param_logical_axes)  # type: ignore[misc]
-    return optcore.logical_to_mesh_sharding(axes, mesh, logical_axis_rules)
+    shardings = optcore.logical_to_mesh_sharding(axes, mesh, logical_axis_rules)
+    optcore.partitioning.check_divisible(optimizer, shardings)
+    return shardings

@@ -59,12 +59,15 @@ class Optimizer(to.Tree):
   step: jax.Array | None = to.field(None, node=True)
   optimizer_def: optcore.OptimizerDef = to.field(node=False)
   n_leaves: int | None = to.field(None, node=False)
+  # The parameters' shapes at init, in leaf order: later params and grads must match them.
+  param_shapes: tuple | None = to.field(None, node=False)
 
   def __init__(self, optimizer: tp.Any):
     self.optimizer_def = as_definition(optimizer, "optcore_treex.Optimizer")
     self.opt_state = None
     self.step = None
     self.n_leaves = None
+    self.param_shapes = None
 
   @property
   def initialized(self) -> bool:
@@ -87,6 +90,7 @@ class Optimizer(to.Tree):
     module.opt_state = state.param_states
     module.step = None if self._optax_counts_steps() else state.step
     module.n_leaves = len(jax.tree.leaves(params))
+    module.param_shapes = tuple(tuple(jnp.shape(x)) for x in jax.tree.leaves(params))
     return module
 
   def update(
@@ -116,13 +120,15 @@ class Optimizer(to.Tree):
       )
     if apply_updates and params is None:
       raise ValueError("params must be provided if apply_updates is True")
+    if params is not None:  # first: it names the path of a None or misshapen gradient
+      optcore.check_gradients(self.optimizer_def, params, grads)
     for name, tree in (("params", params), ("grads", grads)):
       if tree is not None and len(jax.tree.leaves(tree)) != self.n_leaves:
         raise ValueError(
           f"{name} must have length {self.n_leaves}, got {len(jax.tree.leaves(tree))}"
         )
-    if params is not None:
-      optcore.check_gradients(self.optimizer_def, params, grads)
+      if tree is not None and not self.optimizer_def.per_example_gradients:
+        self._check_init_shapes(name, tree)
     optimizer_def = self.optimizer_def
     hyper_params = optimizer_def.update_hyper_params(**hyper_param_overrides)
     # The step a definition reads; optax transformations read none (they count in their state).
@@ -180,6 +186,16 @@ class Optimizer(to.Tree):
     module.opt_state = state.param_states
     module.step = None if self.step is None else state.step
     return module
+
+  def _check_init_shapes(self, name: str, tree: PyTree) -> None:
+    named, _ = optcore.leaves_with_paths(tree)
+    for (path, leaf), want in zip(named, self.param_shapes, strict=True):
+      if tuple(jnp.shape(leaf)) != want:
+        raise ValueError(
+          f"{name} has shape {tuple(jnp.shape(leaf))} at {path!r}, but this optimizer was "
+          f"initialised for shape {want} there. Initialise a new optimizer for the new "
+          "parameters: optimizer = optimizer.init(params)."
+        )
 
   def _optax_counts_steps(self) -> bool:
     return isinstance(self.optimizer_def, optcore.OptaxWrapper)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import enum
 import logging
 import re
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -29,7 +30,12 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 from optcore._src import paths
-from optcore._src.base import OptimizerDef, OptimizerState
+from optcore._src.base import (
+  OptimizerDef,
+  OptimizerState,
+  check_float_params,
+  check_learning_rate,
+)
 from optcore._src.hyper_params import HyperParams
 from optcore._src.legacy import param_state
 
@@ -173,7 +179,16 @@ class Adafactor(OptimizerDef):
     weight_decay_rate_lr_exponent: weight decay ``(rate or 1) * lr**exponent``.
     global_norm_clip_threshold: scale all gradients by ``min(1, thr/|g|)``.
     max_parameter_scale: upper bound of the parameter scale.
-    skip_nan_updates: keep the old value wherever the new one is NaN.
+    skip_nan_updates: keep the old value wherever the new one is NaN
+      (T5X's check: an infinite value still enters the state).
+    skip_nonfinite_updates: keep the old value wherever the new one is NaN
+      or infinite (an optcore addition; not a hyper-parameter, so T5X's
+      17 fields are unchanged).
+
+  ``factored``, ``min_dim_size_to_factor``, ``factor_map`` and
+  ``logical_factor_rules`` shape the state and are read from the
+  constructor, as T5X read them: an apply-time override warns that it
+  changed nothing; so does ``beta1=`` when momentum was off at construction.
 
   Example:
     >>> import jax.numpy as jnp
@@ -191,6 +206,7 @@ class Adafactor(OptimizerDef):
   """
 
   _t5x_numerics = True  # the momentum is read back as float32 before the update
+  constructor_only = ("factored", "min_dim_size_to_factor", "factor_map", "logical_factor_rules")
 
   def __init__(
     self,
@@ -212,6 +228,8 @@ class Adafactor(OptimizerDef):
     global_norm_clip_threshold: float | None = None,
     max_parameter_scale: float | None = None,
     skip_nan_updates: bool = False,
+    *,
+    skip_nonfinite_updates: bool = False,
   ):
     if not factored and factor_map is not None:
       raise ValueError(
@@ -240,6 +258,7 @@ class Adafactor(OptimizerDef):
       )
     )
     self.dtype_momentum = jnp.dtype(dtype_momentum)
+    self.skip_nonfinite_updates = bool(skip_nonfinite_updates)
 
   # Factoring roles.
 
@@ -290,6 +309,17 @@ class Adafactor(OptimizerDef):
     dims = lambda role: tuple(i for i, r in enumerate(rule) if r is role)
     return _Roles(len(shape), dims(FactorDim.BATCH), dims(FactorDim.ROW), dims(FactorDim.COLUMN))
 
+  def update_hyper_params(self, **hyper_param_overrides: Any) -> HyperParams:
+    if "beta1" in hyper_param_overrides and self.hyper_params.beta1 is None:
+      warnings.warn(
+        f"{type(self).__name__}: the override beta1={hyper_param_overrides['beta1']!r} has no "
+        "effect: this Adafactor was built without momentum (beta1=None), so its state has no "
+        "momentum to update. Build it with beta1=... to use momentum.",
+        UserWarning,
+        stacklevel=3,
+      )
+    return super().update_hyper_params(**hyper_param_overrides)
+
   def set_param_axes(self, param_logical_axes: PyTree) -> None:
     """Derives ``factor_map`` from the parameters' logical axis names (T5X).
 
@@ -297,8 +327,17 @@ class Adafactor(OptimizerDef):
     `standard_logical_factor_rules`). ROW, COLUMN and NONE in one parameter
     raise ValueError; an unknown or None name raises KeyError; a parameter of
     rank <= 2 without BATCH keeps the size heuristic. Changes this definition
-    in place, as T5X does: call it before `create`.
+    in place, as T5X does: call it before `create`. After this definition
+    has made a state (``create``, ``init_state``), it raises instead: the
+    optimizers built on it would no longer fit their own state.
     """
+    if self.__dict__.get("_made_state"):
+      raise RuntimeError(
+        "Adafactor.set_param_axes: this definition has already made an optimizer state, and "
+        "changing its factor rules now would change the definition that optimizer holds (its "
+        "next step would not fit its state). Call set_param_axes before create, or on a new "
+        "definition: Adafactor(...) with the same arguments, or copy.copy(opt_def)."
+      )
     table = standard_logical_factor_rules()
     table.update(
       {
@@ -334,8 +373,10 @@ class Adafactor(OptimizerDef):
   # State.
 
   def init_state(self, params: PyTree) -> OptimizerState:
+    check_float_params(params)
     keyed, treedef = jax.tree_util.tree_flatten_with_path(params)
     states = [self._init_param(t5x_path(keys), p) for keys, p in keyed]
+    self.__dict__["_made_state"] = True  # set_param_axes may not change it any more
     return OptimizerState(jnp.asarray(0, jnp.int32), treedef.unflatten(states))
 
   def _init_param(self, path: str, param: jax.Array) -> _AdafactorParamState:
@@ -356,6 +397,7 @@ class Adafactor(OptimizerDef):
   def apply_gradient(self, hyper_params, params, state, grads, **extra_args):
     if extra_args:
       raise TypeError(f"Adafactor takes no extra update arguments; got {sorted(extra_args)}")
+    check_learning_rate(self, hyper_params)
     keyed, treedef = jax.tree_util.tree_flatten_with_path(params)
     grads_flat = treedef.flatten_up_to(grads)
     states_flat = treedef.flatten_up_to(state.param_states)
@@ -430,7 +472,11 @@ class Adafactor(OptimizerDef):
     else:
       new_param = param - subtrahend
     new_state = _AdafactorParamState(v_row, v_col, new_v, new_m)
-    if hp.get("skip_nan_updates"):
+    if self.skip_nonfinite_updates:
+      keep = lambda new, old: jnp.where(jnp.isfinite(new), new, old)
+      new_param = keep(new_param, param)
+      new_state = jax.tree.map(keep, new_state, state)
+    elif hp.get("skip_nan_updates"):  # T5X's flag: NaN only, an infinity gets through
       keep = lambda new, old: jnp.where(jnp.isnan(new), old, new)
       new_param = keep(new_param, param)
       new_state = jax.tree.map(keep, new_state, state)
@@ -456,7 +502,7 @@ class Adafactor(OptimizerDef):
     return treedef.unflatten(out)
 
   def _static_key(self) -> tuple:
-    return (*super()._static_key(), self.dtype_momentum)
+    return (*super()._static_key(), self.dtype_momentum, self.skip_nonfinite_updates)
 
 
 _LOGGED_RULES: set[tuple[str, tuple, tuple]] = set()
@@ -536,6 +582,7 @@ class LegacyAdafactor(Adafactor):
       ),
     )
     self.dtype_momentum = jnp.dtype(dtype_momentum)
+    self.skip_nonfinite_updates = False
 
 
 LegacyAdafactor.__name__ = LegacyAdafactor.__qualname__ = "Adafactor"

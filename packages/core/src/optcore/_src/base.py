@@ -21,7 +21,7 @@ import optax
 from jax.sharding import PartitionSpec
 
 from optcore._src import paths, serialization
-from optcore._src.hyper_params import HyperParams
+from optcore._src.hyper_params import HyperParams, check_override
 
 PyTree = Any
 T = TypeVar("T")
@@ -137,6 +137,7 @@ class OptimizerDef:
 
   def init_state(self, params: PyTree) -> OptimizerState:
     """The state at step 0 for ``params``."""
+    check_float_params(params)
     return OptimizerState(
       jnp.asarray(0, dtype=jnp.int32), jax.tree.map(self.init_param_state, params)
     )
@@ -154,6 +155,7 @@ class OptimizerDef:
       raise TypeError(
         f"{type(self).__name__} takes no extra update arguments; got {sorted(extra_args)}"
       )
+    check_learning_rate(self, hyper_params)
     params_flat, treedef = jax.tree.flatten(params)
     states_flat = treedef.flatten_up_to(state.param_states)
     grads_flat = treedef.flatten_up_to(grads)
@@ -164,6 +166,10 @@ class OptimizerDef:
     new_params = treedef.unflatten([p for p, _ in out])
     new_states = treedef.unflatten([s for _, s in out])
     return new_params, OptimizerState(state.step + 1, new_states)
+
+  def display_name(self) -> str:
+    """The name errors and warnings use: the class's, or the optax alias it wraps."""
+    return type(self).__name__
 
   def overridable_names(self) -> frozenset[str]:
     """The names `update_hyper_params` accepts as keyword overrides.
@@ -190,9 +196,12 @@ class OptimizerDef:
       )
     if hyper_param_overrides:
       try:
-        hyper_params = hyper_params.replace(**hyper_param_overrides)
+        replaced = hyper_params.replace(**hyper_param_overrides)
       except TypeError as e:
         raise TypeError(f"{self!r}: {e}") from None
+      for name, value in hyper_param_overrides.items():
+        check_override(self.display_name(), name, hyper_params[name], value)
+      hyper_params = replaced
     return hyper_params
 
   def create(self, target: PyTree, focus: Any = None) -> Optimizer:
@@ -303,7 +312,9 @@ class OptimizerDef:
     from optcore._src import sharding
 
     axes = self.derive_logical_axes(optimizer, param_logical_axes)
-    return sharding.logical_to_mesh_sharding(axes, mesh, logical_axis_rules)
+    shardings = sharding.logical_to_mesh_sharding(axes, mesh, logical_axis_rules)
+    sharding.check_divisible(optimizer, shardings)  # named here, not in device_put's error
+    return shardings
 
   def create_sharded(
     self,
@@ -327,11 +338,9 @@ class OptimizerDef:
       >>> opt.state.param_states[0].nu['w'].sharding.spec == P(None, 'model')
       True
     """
-    from optcore._src import sharding
 
     abstract = jax.eval_shape(self.create, target)
     shardings = self.derive_shardings(abstract, param_logical_axes, mesh, logical_axis_rules)
-    sharding.check_divisible(abstract, shardings)
     return jax.jit(self.create, out_shardings=shardings)(target)
 
   def derive_param_states_axes(
@@ -545,6 +554,9 @@ def check_same_structure(reference: PyTree, other: PyTree, what: str) -> None:
   """Raises `TreeMismatchError` naming the first path where ``other`` differs."""
   if jax.tree.structure(reference) == jax.tree.structure(other):
     return
+  container = _first_container_difference(reference, other, what, "")
+  if container is not None:
+    raise TreeMismatchError(container)
   named = lambda tree: {
     "/" + "/".join(names): leaf for names, leaf in paths.leaves_with_names(tree, keep_none=True)[0]
   }
@@ -601,3 +613,65 @@ def check_gradients(
         f"{want}; expected a gradient of shape {expected}. Pass the gradient of the loss with "
         "respect to this parameter (jax.grad gives each the parameter's shape)."
       )
+
+
+class MissingHyperParameterError(ValueError, AssertionError):
+  """A step without a value the algorithm needs (a learning rate). An
+  AssertionError too: flax.optim's algorithms asserted ``'no learning rate provided.'``."""
+
+
+MissingHyperParameterError.__module__ = "optcore"
+
+
+def check_learning_rate(optimizer_def: OptimizerDef, hyper_params: Any) -> None:
+  """Raises `MissingHyperParameterError` when this step's learning rate is None."""
+  if isinstance(hyper_params, Mapping) and hyper_params.get("learning_rate", 0) is None:
+    name = optimizer_def.display_name()
+    raise MissingHyperParameterError(
+      f"no learning rate provided. {name} was built without learning_rate: pass it to the "
+      f"constructor ({name}(learning_rate=0.1)) or to each step "
+      "(apply_gradient(grads, learning_rate=0.1))."
+    )
+
+
+def check_float_params(params: PyTree) -> None:
+  """Raises TypeError naming the first parameter that is not a float (or
+  complex) array: an optimizer would turn a step counter 3 into 2.9 or 2."""
+  for names, leaf in paths.leaves_with_names(params)[0]:
+    dtype = np.result_type(leaf) if not hasattr(leaf, "dtype") else leaf.dtype
+    if not jnp.issubdtype(dtype, jnp.inexact):
+      raise TypeError(
+        f"the parameter at {'/' + '/'.join(names)!r} has dtype {np.dtype(dtype).name}; "
+        "optimizers update float (or complex) arrays only. Keep integer leaves (counters, "
+        "indices) out of the optimised tree, or leave them unselected: "
+        "opt_def.create(params, focus=lambda path, x: jnp.issubdtype(x.dtype, jnp.inexact)) "
+        "or a MultiOptimizer group that does not select them."
+      )
+
+
+def _first_container_difference(reference: PyTree, other: PyTree, what: str, path: str):
+  """The message for the first node where ``other`` is another kind of container
+  (a tuple where the parameters have a dict), or None."""
+  ref_hidden, other_hidden = paths.hidden_child(reference), paths.hidden_child(other)
+  if ref_hidden is not None or other_hidden is not None:
+    ref_child = ref_hidden[0] if ref_hidden is not None else reference
+    other_child = other_hidden[0] if other_hidden is not None else other
+    return _first_container_difference(ref_child, other_child, what, path)
+  ref_split, other_split = paths.children_with_keys(reference), paths.children_with_keys(other)
+  if ref_split is None or other_split is None or reference is None or other is None:
+    return None
+  if type(reference) is not type(other):
+    where = path or "/"
+    return (
+      f"{what} has a {type(other).__name__} at {where!r} where the parameters have a "
+      f"{type(reference).__name__}. Pass {what} in the parameters' structure: jax.grad of a "
+      "function of the parameters gives it."
+    )
+  others = {paths.key_name(k): child for k, child in other_split[0]}
+  for key, child in ref_split[0]:
+    name = paths.key_name(key)
+    if name in others:
+      found = _first_container_difference(child, others[name], what, f"{path}/{name}")
+      if found is not None:
+        return found
+  return None

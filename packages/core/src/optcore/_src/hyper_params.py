@@ -184,3 +184,71 @@ class _StaticItems:
 
 
 jax.tree_util.register_pytree_with_keys(HyperParams, _flatten, _unflatten)
+
+
+def check_override(owner: str, name: str, current: Any, value: Any) -> None:
+  """Raises TypeError or ValueError, naming ``name``, for an override value that
+  does not fit the hyper-parameter (``owner`` names the definition).
+
+  A number (or a scalar array) takes a number, a scalar array (traced or not)
+  or a schedule; never None (optax reads it as "no scaling"), a string, a bool
+  or an array of another shape. A flag takes a bool. Other values (schedules,
+  masks, dtypes, lists of transformations) are not checked.
+
+  Example:
+    >>> from optcore._src.hyper_params import check_override
+    >>> check_override('adam', 'learning_rate', 1e-3, '1e-3')
+    Traceback (most recent call last):
+    ...
+    TypeError: adam: the override learning_rate='1e-3' is a str; learning_rate takes a number ...
+  """
+  if isinstance(current, bool) or (_is_array(current) and _dtype_kind(current) == "b"):
+    if not (isinstance(value, bool) or (_is_array(value) and _dtype_kind(value) == "b")):
+      raise TypeError(
+        f"{owner}: the override {name}={value!r} is a {type(value).__name__}; {name} is a flag "
+        f"and takes True or False."
+      )
+    return
+  if not is_numeric(current):
+    return
+  if value is None:
+    raise ValueError(
+      f"{owner}: the override {name}=None is refused: the optimizer was built with "
+      f"{name}={current!r}, and None would mean something else (for a learning rate in "
+      f"optax: no scaling at all, a step of the raw gradient). Pass a number, or leave "
+      f"{name} out to keep {current!r}."
+    )
+  if callable(value) and not _is_array(value):
+    return  # a schedule of the step count, as optax takes
+  if isinstance(value, bool) or not (is_numeric(value) or _is_array(value)):
+    raise TypeError(
+      f"{owner}: the override {name}={value!r} is a {type(value).__name__}; {name} takes a "
+      f"number or a scalar array (traced values included), e.g. {name}={current!r}."
+    )
+  if _dtype_kind(value) not in "iufc":
+    raise TypeError(
+      f"{owner}: the override {name} has dtype {value.dtype}; {name} takes a number or a "
+      "scalar array of numbers."
+    )
+  if not isinstance(value, jax.core.Tracer) and not np.all(np.isfinite(np.asarray(value))):
+    raise ValueError(
+      f"{owner}: the override {name}={value!r} is not finite; every parameter it touches "
+      "would become NaN or infinite. Check the schedule or value that produced it."
+    )
+  want = tuple(getattr(current, "shape", ()))
+  if tuple(getattr(value, "shape", ())) != want:
+    raise ValueError(
+      f"{owner}: the override {name} has shape {tuple(value.shape)}; {name} takes "
+      + ("a scalar" if not want else f"shape {want}")
+      + " (one value for every parameter; a per-parameter value would broadcast silently)."
+    )
+
+
+def _is_array(x: Any) -> bool:
+  return hasattr(x, "shape") and hasattr(x, "dtype")
+
+
+def _dtype_kind(x: Any) -> str:
+  if _is_array(x):
+    return np.dtype(x.dtype).kind
+  return np.asarray(x).dtype.kind

@@ -22,7 +22,7 @@ import optax
 import optax.contrib
 
 from optcore._src import partition_rules, paths, serialization
-from optcore._src.base import OptimizerDef, OptimizerState, PyTree
+from optcore._src.base import OptimizerDef, OptimizerState, PyTree, check_float_params
 from optcore._src.hyper_params import HyperParams, is_numeric, static_key
 
 _TracerErrors = (
@@ -97,6 +97,7 @@ class OptaxWrapper(OptimizerDef):
     return tx
 
   def init_state(self, params: PyTree) -> OptimizerState:
+    check_float_params(params)
     return OptimizerState(jnp.asarray(0, dtype=jnp.int32), self.optax_optimizer.init(params))
 
   def apply_gradient(
@@ -120,6 +121,9 @@ class OptaxWrapper(OptimizerDef):
     )
     new_params = optax.apply_updates(params, updates)
     return new_params, OptimizerState(state.step + 1, new_opt_state)
+
+  def display_name(self) -> str:
+    return self._name
 
   def overridable_names(self) -> frozenset[str]:
     """The factory's arguments and the names of wrapped definitions among them

@@ -140,14 +140,36 @@ def _restore_leaf(ref: Any, value: Any, path: str) -> Any:
   ref_dtype = getattr(ref, "dtype", None)
   if ref_dtype is not None:
     value_dtype = getattr(value, "dtype", None)
-    if value_dtype is None:  # a Python scalar: take the reference's dtype
-      return np.asarray(value, dtype=ref_dtype)
+    if value_dtype is None:  # a Python scalar or list: take the reference's dtype, if it fits
+      return _python_value(value, ref, path)
     if value_dtype != ref_dtype:
       raise StateDictError(
         f"at {path!r}: expected {describe(ref)}, found {describe(value)}. Cast the "
         f"checkpoint's value to {_dtype_name(ref_dtype)} before restoring it."
       )
   return value
+
+
+def _python_value(value: Any, ref: Any, path: str) -> Any:
+  """A Python number (or nested list) in the reference's dtype; never truncated,
+  never a string: those raise `StateDictError`."""
+  ref_dtype = np.dtype(ref.dtype)
+  try:
+    array = np.asarray(value)
+  except (ValueError, TypeError):
+    array = np.asarray(value, dtype=object)
+  if array.dtype.kind not in "biufc":
+    held = "strings" if array.dtype.kind in "SU" else "values that are not numbers"
+    raise StateDictError(
+      f"at {path!r}: expected {describe(ref)}, found {describe(value)} holding {held}. The "
+      "state dict was not written by an optimizer (or was decoded wrongly)."
+    )
+  if ref_dtype.kind in "biu" and array.dtype.kind in "fc" and not np.all(np.mod(array, 1) == 0):
+    raise StateDictError(
+      f"at {path!r}: expected {describe(ref)}, found {describe(value)}, which is not a whole "
+      f"number: restoring it as {ref_dtype.name} would truncate it. Write the integer value."
+    )
+  return array.astype(ref_dtype)
 
 
 def _is_key(x: Any) -> bool:

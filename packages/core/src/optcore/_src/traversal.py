@@ -38,7 +38,18 @@ SelectorError.__module__ = "optcore"
 
 
 def leaves_with_paths(tree: PyTree) -> tuple[list[tuple[str, Any]], Any]:
-  """``([(path, leaf), ...], treedef)`` in flatten order; paths like ``'/a/0/b'``."""
+  """``([(path, leaf), ...], treedef)`` in flatten order, with the canonical paths
+  errors and selectors use (``'/a/0/b'``; an Equinox attribute or a treeo field
+  reads ``/name``, registered hidden levels are left out).
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> import optcore
+    >>> tree = {'dense': {'kernel': jnp.ones(2)}, 'ws': [jnp.ones(1)]}
+    >>> named, _ = optcore.leaves_with_paths(tree)
+    >>> [path for path, _ in named]
+    ['/dense/kernel', '/ws/0']
+  """
   named, treedef = paths.leaves_with_names(tree)
   return [("/" + "/".join(names), leaf) for names, leaf in named], treedef
 
