@@ -93,9 +93,11 @@ def test_a_config_with_a_schedule_and_a_chain_trains_like_the_code_it_describes(
     (
       {
         "name": "multi",
-        "groups": [{"select": "k", "optimizer": {"name": "sgd", "momentum": [1]}}],
+        "groups": [
+          {"select": "k", "optimizer": {"name": "sgd", "learning_rate": 0.1, "momentum": [1]}}
+        ],
       },
-      r"at 'groups\[0\].optimizer.momentum\[0\]'|at 'groups\[0\].optimizer'",
+      r"at 'groups\[0\].optimizer.momentum': expected a number, found \[1\]",
     ),
     (
       {"name": "multi", "groups": [{"select": 3, "optimizer": {"name": "sgd"}}]},
@@ -107,9 +109,12 @@ def test_a_config_with_a_schedule_and_a_chain_trains_like_the_code_it_describes(
     ),
     (
       {"name": "chain", "transformations": [{"transform": "nope"}]},
-      r"at 'transformations\[0\].transform': optax has no transformation 'nope'",
+      r"at 'transformations\[0\].transform': 'nope' is not a public optax transformation",
     ),
-    ({"name": "adam", "mu_dtype": "float33"}, r"at 'mu_dtype': 'float33' is not a dtype name"),
+    (
+      {"name": "adam", "learning_rate": 1e-3, "mu_dtype": "float33"},
+      r"at 'mu_dtype': 'float33' is not a dtype name",
+    ),
   ],
 )
 def test_invalid_configs_name_the_bad_field(config, message):

@@ -190,9 +190,10 @@ def _is_number(x: Any) -> bool:
 def _check_types(name: str, factory: Any, args: Mapping[str, Any], path: str) -> None:
   """Each argument's type against the factory's signature, naming the field.
 
-  An argument whose default is a number (and every ``learning_rate``) takes a
-  number or a schedule; a numeric string is refused, not coerced, with the
-  fix; None is refused where the default is not None. A flag takes a bool.
+  An argument whose default is a number (and every ``learning_rate``, and
+  one annotated as a float with default None) takes a number or a schedule;
+  a numeric string is refused, not coerced, with the fix; None is refused
+  where the default is not None. A flag takes a bool.
   A learning rate without a default must be given; flax.optim's and T5X's
   definitions default it to None ("pass it every step"), which a config
   cannot do, so a config must give it too.
@@ -214,7 +215,9 @@ def _check_types(name: str, factory: Any, args: Mapping[str, Any], path: str) ->
     if p is None:
       continue
     where = _join(path, key)
-    numeric = _is_number(p.default) or key.endswith("learning_rate")
+    # A number by its default, its name, or (default None) its annotation: Optional[float].
+    annotated = p.default is None and "float" in str(p.annotation)
+    numeric = _is_number(p.default) or key.endswith("learning_rate") or annotated
     if numeric:
       if isinstance(value, Mapping) and "schedule" in value:
         continue
