@@ -13,6 +13,8 @@ Example:
   True
 """
 
+import inspect as _inspect
+
 import optcore.adafactor as _core_adafactor
 from optcore.adafactor import HEURISTIC_RULE as HEURISTIC_RULE
 from optcore.adafactor import FactorDim as FactorDim
@@ -22,25 +24,17 @@ from optcore.adafactor import standard_logical_factor_rules as standard_logical_
 from optcore.legacy import AdafactorParamState as _AdafactorParamState
 from optcore_flax._records import hyper_params_record as _record
 from optcore_flax._t5x import T5XFace as _T5XFace
+from optcore_flax.optim.adafactor import _AdafactorHyperParams as _flax_optim_record
 
 
 class Adafactor(_T5XFace, _core_adafactor.Adafactor):
   __doc__ = _core_adafactor.Adafactor.__doc__
 
 
+# flax.optim's 11 fields, then T5X's 6 additions with their defaults.
 _AdafactorHyperParams = _record(
   "_AdafactorHyperParams",
-  "learning_rate",
-  "factored",
-  "multiply_by_parameter_scale",
-  "beta1",
-  "decay_rate",
-  "step_offset",
-  "clipping_threshold",
-  "weight_decay_rate",
-  "min_dim_size_to_factor",
-  "epsilon1",
-  "epsilon2",
+  *_inspect.signature(_flax_optim_record).parameters,
   "factor_map",
   "logical_factor_rules",
   "weight_decay_rate_lr_exponent",

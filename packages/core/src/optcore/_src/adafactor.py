@@ -18,6 +18,7 @@ moment is the current squared gradient (a fresh start) until the offset.
 from __future__ import annotations
 
 import enum
+import inspect
 import logging
 import re
 import warnings
@@ -565,24 +566,23 @@ class LegacyAdafactor(Adafactor):
     epsilon2: float = 1e-3,
     dtype_momentum: Any = jnp.float32,
   ):
-    OptimizerDef.__init__(
-      self,
-      HyperParams(
-        learning_rate=learning_rate,
-        factored=factored,
-        multiply_by_parameter_scale=multiply_by_parameter_scale,
-        beta1=beta1,
-        decay_rate=decay_rate,
-        step_offset=step_offset,
-        clipping_threshold=clipping_threshold,
-        weight_decay_rate=weight_decay_rate,
-        min_dim_size_to_factor=min_dim_size_to_factor,
-        epsilon1=epsilon1,
-        epsilon2=epsilon2,
-      ),
+    super().__init__(
+      learning_rate,
+      factored,
+      multiply_by_parameter_scale,
+      beta1,
+      decay_rate,
+      step_offset,
+      clipping_threshold,
+      weight_decay_rate,
+      min_dim_size_to_factor,
+      epsilon1,
+      epsilon2,
+      dtype_momentum,
     )
-    self.dtype_momentum = jnp.dtype(dtype_momentum)
-    self.skip_nonfinite_updates = False
+    # flax.optim's record: T5X's first 11 fields (its constructor's arguments, the dtype aside).
+    fields = list(inspect.signature(LegacyAdafactor.__init__).parameters)[1:-1]
+    self.hyper_params = HyperParams(**{name: self.hyper_params[name] for name in fields})
 
 
 LegacyAdafactor.__name__ = LegacyAdafactor.__qualname__ = "Adafactor"
