@@ -473,12 +473,12 @@ class Adafactor(OptimizerDef):
     else:
       new_param = param - subtrahend
     new_state = _AdafactorParamState(v_row, v_col, new_v, new_m)
-    if self.skip_nonfinite_updates:
-      keep = lambda new, old: jnp.where(jnp.isfinite(new), new, old)
-      new_param = keep(new_param, param)
-      new_state = jax.tree.map(keep, new_state, state)
-    elif hp.get("skip_nan_updates"):  # T5X's flag: NaN only, an infinity gets through
-      keep = lambda new, old: jnp.where(jnp.isnan(new), old, new)
+    # Which new values to discard: every non-finite one, or (T5X's flag) NaN only.
+    skipped = (lambda x: ~jnp.isfinite(x)) if self.skip_nonfinite_updates else None
+    if skipped is None and hp.get("skip_nan_updates"):
+      skipped = jnp.isnan
+    if skipped is not None:
+      keep = lambda new, old: jnp.where(skipped(new), old, new)
       new_param = keep(new_param, param)
       new_state = jax.tree.map(keep, new_state, state)
     # float64 params are float32 unless x64 is on: say so without JAX's truncation warning.

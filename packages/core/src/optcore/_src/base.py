@@ -188,7 +188,7 @@ class OptimizerDef:
     ignored = sorted(set(hyper_param_overrides) & set(self.constructor_only))
     if ignored:
       warnings.warn(
-        f"{type(self).__name__}: the override(s) {ignored} have no effect: the original "
+        f"{self.display_name()}: the override(s) {ignored} have no effect: the original "
         f"algorithm reads them from the constructor only, and so does optcore, to keep its "
         f"numbers. Build a new definition with {ignored[0]}=... to change it.",
         UserWarning,
@@ -601,7 +601,7 @@ def check_gradients(
     optcore.TreeMismatchError: grads has shape (2, 1) at '/b', where the parameter has shape (2,)...
   """
   check_same_structure(params, grads, what)
-  per_example = getattr(optimizer_def, "per_example_gradients", False)
+  per_example = optimizer_def.per_example_gradients
   named, _ = paths.leaves_with_names(params)
   for (names, param), grad in zip(named, jax.tree.leaves(grads), strict=True):
     want, found = np.shape(param), np.shape(grad)
