@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from tree_testing import assert_trees_equal
 
 import optcore
 import optcore_flax
@@ -36,12 +37,6 @@ def t5x_state_dict(target, state):
   return {"target": flax.serialization.to_state_dict(target), "state": state_dict}
 
 
-def assert_same_nested(a, b):
-  assert jax.tree.structure(a) == jax.tree.structure(b)
-  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-
-
 def test_state_dict_matches_flax_serialization_and_t5x():
   for opt_def in (
     optcore.adam(1e-3),
@@ -51,7 +46,7 @@ def test_state_dict_matches_flax_serialization_and_t5x():
   ):
     opt = opt_def.create(params())
     opt = opt.apply_gradient(jax.tree.map(jnp.ones_like, opt.target))
-    assert_same_nested(opt.state_dict(), t5x_state_dict(opt.target, opt.state))
+    assert_trees_equal(opt.state_dict(), t5x_state_dict(opt.target, opt.state))
 
 
 def test_msgpack_round_trip_through_flax_is_bitwise():
@@ -64,8 +59,8 @@ def test_msgpack_round_trip_through_flax_is_bitwise():
     .restore_state(flax.serialization.msgpack_restore(data))
   )
   assert isinstance(restored.target, flax.core.FrozenDict)
-  assert_same_nested(restored.state, opt.state)
-  assert_same_nested(restored.target, opt.target)
+  assert_trees_equal(restored.state, opt.state)
+  assert_trees_equal(restored.target, opt.target)
 
 
 def test_traversal_on_a_frozendict_keeps_flax_paths_and_type():
@@ -108,7 +103,7 @@ def test_as_optax_in_a_linen_train_state_equals_optax_partition():
     return state.params
 
   ours, reference = train(_two_groups().as_optax()), train(_partition(variables))
-  assert_same_nested(ours, reference)
+  assert_trees_equal(ours, reference)
 
 
 def test_as_optax_in_an_nnx_optimizer_equals_optax_partition():
@@ -126,7 +121,7 @@ def test_as_optax_in_an_nnx_optimizer_equals_optax_partition():
 
   ours = train(lambda: _two_groups().as_optax())
   reference = train(_partition)
-  assert_same_nested(jax.tree.leaves(ours), jax.tree.leaves(reference))
+  assert_trees_equal(jax.tree.leaves(ours), jax.tree.leaves(reference))
 
 
 def test_nnx_variables_read_like_plain_arrays():

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from flax import serialization, traverse_util
 from flax.core import FrozenDict
+from tree_testing import assert_trees_equal
 
 import optcore
 import optcore_flax
@@ -106,8 +107,7 @@ def test_multi_optimizer_state_dict_is_flax_optims_and_restores_its_checkpoint()
   }
   fresh = opt_def.create(params)
   restored = serialization.from_bytes(fresh, serialization.msgpack_serialize(written_by_flax))
-  for got, want in zip(jax.tree.leaves(restored), jax.tree.leaves(optimizer), strict=True):
-    np.testing.assert_array_equal(got, want)
+  assert_trees_equal(restored, optimizer)
   # And a focus optimizer's checkpoint: the same layout with one group.
   head = optim.ModelParamTraversal(lambda path, _: path.startswith("/Dense_1/"))
   focused = optim.Adam(0.1).create(params, focus=head).apply_gradient(grads)
@@ -275,8 +275,7 @@ def test_constructor_only_overrides_change_nothing_and_warn(make, override):
   plain = make().create(params).apply_gradient(grads)
   with pytest.warns(UserWarning, match=rf"\['{next(iter(override))}'\] have no effect"):
     overridden = make().create(params).apply_gradient(grads, **override)
-  for got, want in zip(jax.tree.leaves(overridden), jax.tree.leaves(plain), strict=True):
-    np.testing.assert_array_equal(got, want)
+  assert_trees_equal(overridden, plain)
 
 
 # 7. WeightNorm: flax.optim's operation order, bitwise.

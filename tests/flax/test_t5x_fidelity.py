@@ -21,6 +21,7 @@ from flax import traverse_util
 from flax.core import FrozenDict
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+from tree_testing import assert_trees_equal
 
 from optcore_flax import adafactor, optimizers
 
@@ -30,12 +31,6 @@ ROW, COL, BATCH = adafactor.FactorDim.ROW, adafactor.FactorDim.COLUMN, adafactor
 
 def shapes(optimizer):
   return jax.tree.map(np.shape, optimizer.state_dict()["state"]["param_states"])
-
-
-def assert_trees_equal(got, want):
-  assert jax.tree.structure(got) == jax.tree.structure(want)
-  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 # The modules' names.
