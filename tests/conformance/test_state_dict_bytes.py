@@ -1,0 +1,38 @@
+"""Every face writes byte-identical state dicts to those written before the
+adapter API was introduced (fingerprints recorded then, with the code of
+commit aa0ec01, by `tests/support/state_dict_bytes.py`)."""
+
+import json
+from pathlib import Path
+
+import pytest
+import state_dict_bytes
+
+RECORDED = json.loads((Path(__file__).parent / "data" / "state_dict_fingerprints.json").read_text())
+FACES = {
+  "core": state_dict_bytes.core_state_dicts,
+  "flax": state_dict_bytes.flax_bytes,
+  "equinox": state_dict_bytes.equinox_state_dicts,
+  "treex": state_dict_bytes.treex_state_dicts,
+}
+
+
+@pytest.mark.parametrize("face", sorted(FACES))
+def test_state_dicts_are_byte_identical_to_the_recorded_ones(face):
+  assert FACES[face]() == RECORDED[face]
+
+
+def test_the_fingerprint_sees_a_one_bit_change_and_a_renamed_key():
+  opt = state_dict_bytes.definitions()["adam"]().create(state_dict_bytes.params())
+  state_dict = opt.replace(state=state_dict_bytes.fill(opt.state)).state_dict()
+  base = state_dict_bytes.fingerprint(state_dict)
+  mu = state_dict["state"]["param_states"]["0"]["mu"]["scale"]
+  flipped = mu.view("int32") ^ 1
+  state_dict["state"]["param_states"]["0"]["mu"]["scale"] = flipped.view("float32")
+  assert state_dict_bytes.fingerprint(state_dict) != base
+  state_dict["state"]["param_states"]["0"]["mu"]["scale"] = mu
+  assert state_dict_bytes.fingerprint(state_dict) == base
+  state_dict["state"]["param_states"]["0"]["mu"]["gain"] = state_dict["state"]["param_states"]["0"][
+    "mu"
+  ].pop("scale")
+  assert state_dict_bytes.fingerprint(state_dict) != base
