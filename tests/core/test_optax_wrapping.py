@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import inspect
 import types
 import warnings
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -407,3 +409,28 @@ def test_overrides_reach_the_wrapped_optimizers_inside_a_chain():
   np.testing.assert_array_equal(step(opt, 0.25).target["w"], updates["w"])
   with pytest.raises(TypeError, match=r"unknown hyper-parameter\(s\) \['lr'\].*learning_rate"):
     opt.apply_gradient({"w": jnp.ones(2)}, lr=0.1)
+
+
+def _assigned_names(module) -> list[str]:
+  """The names a module assigns at top level, as a type checker reads them."""
+  tree = ast.parse(Path(module.__file__).read_text())
+  return [
+    target.id
+    for node in tree.body
+    if isinstance(node, (ast.Assign, ast.AnnAssign))
+    for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+    if isinstance(target, ast.Name) and not target.id.isupper()
+  ]
+
+
+def test_the_written_out_aliases_are_what_the_installed_optax_offers():
+  # The aliases are written one per line (IDEs and type checkers see them);
+  # this is what keeps that list from missing an optimizer a new optax adds.
+  from optcore._src import aliases, optax_aliases
+
+  assert list(optcore.OPTAX_ALIASES) == aliases.optax_alias_names()
+  assert _assigned_names(optax_aliases) == list(optcore.OPTAX_ALIASES)
+  assert list(optcore.contrib.CONTRIB_OPTIMIZERS) == aliases.optax_contrib_names()
+  assert _assigned_names(optcore.contrib) == list(optcore.contrib.CONTRIB_OPTIMIZERS)
+  for name in optcore.OPTAX_ALIASES:
+    assert name in dir(optcore), name

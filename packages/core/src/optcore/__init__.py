@@ -25,18 +25,20 @@ import optax as _optax
 
 from optcore import contrib as contrib
 from optcore import partitioning as partitioning
-from optcore._src.aliases import optax_alias_names as _optax_alias_names
-from optcore._src.base import MissingHyperParameterError as MissingHyperParameterError
-from optcore._src.base import Optimizer as Optimizer
+from optcore._src import optax_rules as _optax_rules  # noqa: F401  (registers optax state rules)
 from optcore._src.base import OptimizerDef as OptimizerDef
-from optcore._src.base import OptimizerState as OptimizerState
-from optcore._src.base import TreeMismatchError as TreeMismatchError
-from optcore._src.base import check_gradients as check_gradients
+from optcore._src.checks import MissingHyperParameterError as MissingHyperParameterError
+from optcore._src.checks import TreeMismatchError as TreeMismatchError
+from optcore._src.checks import check_gradients as check_gradients
 from optcore._src.hyper_params import HyperParams as HyperParams
 from optcore._src.multi_optimizer import MultiOptimizer as MultiOptimizer
+from optcore._src.optax_aliases import *  # noqa: F403  (optcore.adam, ..., one line each there)
+from optcore._src.optax_aliases import OPTAX_ALIASES as OPTAX_ALIASES
 from optcore._src.optax_wrapper import OptaxWrapper as OptaxWrapper
 from optcore._src.optax_wrapper import chain as chain
 from optcore._src.optax_wrapper import wrap_optax_optimizer as wrap_optax_optimizer
+from optcore._src.optimizer import Optimizer as Optimizer
+from optcore._src.optimizer import OptimizerState as OptimizerState
 from optcore._src.partition_rules import OptaxStatePartitionRules as OptaxStatePartitionRules
 from optcore._src.partition_rules import PartitionRuleError as PartitionRuleError
 from optcore._src.partition_rules import derive_optax_logical_axes as derive_optax_logical_axes
@@ -60,17 +62,11 @@ try:
 except PackageNotFoundError:  # running from a source tree that is not installed
   __version__ = "0.0.0+unknown"
 
-#: The optax optimizer aliases wrapped here, derived from the installed optax.
-OPTAX_ALIASES: tuple[str, ...] = tuple(_optax_alias_names())
-
-for _name in OPTAX_ALIASES:
-  globals()[_name] = wrap_optax_optimizer(getattr(_optax, _name), name=_name)
-del _name
-
 # T5X's Adafactor module; callable, it stays optax's adafactor alias too. Imported by
 # name: `from optcore import adafactor` would return the alias function set above.
 adafactor = _importlib.import_module("optcore.adafactor")
-from optcore import config as config  # noqa: E402  (reads the names above)
+from optcore import adapter as adapter  # noqa: E402
+from optcore import config as config  # noqa: E402
 from optcore import legacy as legacy  # noqa: E402
 
 
@@ -107,6 +103,7 @@ __all__ = [
   "SelectorError",
   "StateDictError",
   "TreeMismatchError",
+  "adapter",
   "chain",
   "check_gradients",
   "config",

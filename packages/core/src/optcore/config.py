@@ -39,13 +39,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-import optcore
+from optcore import contrib, legacy
+from optcore._src import optax_aliases
 from optcore._src.adafactor import Adafactor as _T5XAdafactor
 from optcore._src.adafactor import FactorDim
 from optcore._src.base import OptimizerDef
 from optcore._src.hyper_params import static_key
 from optcore._src.multi_optimizer import MultiOptimizer
-from optcore._src.optax_wrapper import OptaxWrapper
+from optcore._src.optax_wrapper import OptaxWrapper, chain
 
 
 class ConfigError(ValueError):
@@ -134,7 +135,7 @@ def to_config(opt_def: OptimizerDef) -> dict[str, Any]:
       groups.append({"select": selector, "optimizer": to_config(sub)})
     return {"name": "multi", "groups": groups}
   if isinstance(opt_def, OptaxWrapper):
-    if opt_def._factory is None:
+    if opt_def.factory is None:
       raise ConfigError(f"{opt_def!r} wraps a ready optax transformation: it has no config")
     name = _optax_name(opt_def)
     hyper_params = dict(opt_def.hyper_params)
@@ -142,10 +143,10 @@ def to_config(opt_def: OptimizerDef) -> dict[str, Any]:
       return {"name": "chain", "transformations": [
         _transform_config(t) for t in hyper_params["transformations"]
       ]}  # fmt: skip
-    defaults = inspect.signature(opt_def._factory).parameters
+    defaults = inspect.signature(opt_def.factory).parameters
     return {"name": name, **_non_default(hyper_params, defaults)}
   for name in _LEGACY:
-    if type(opt_def) is getattr(optcore.legacy, name):
+    if type(opt_def) is getattr(legacy, name):
       return {"name": f"legacy.{name}", **_constructor_args(opt_def)}
   if type(opt_def) is _T5XAdafactor:
     return {"name": "adafactor.Adafactor", **_constructor_args(opt_def)}
@@ -158,15 +159,15 @@ def to_config(opt_def: OptimizerDef) -> dict[str, Any]:
 def _factory(name: Any, where: str) -> Any:
   if not isinstance(name, str):
     raise ConfigError(f"at {where!r}: expected an optimizer name, found {name!r}")
-  if name.startswith("contrib.") and name[8:] in optcore.contrib.CONTRIB_OPTIMIZERS:
-    return getattr(optcore.contrib, name[8:])
+  if name.startswith("contrib.") and name[8:] in contrib.CONTRIB_OPTIMIZERS:
+    return getattr(contrib, name[8:])
   if name.startswith("legacy.") and name[7:] in _LEGACY:
-    return getattr(optcore.legacy, name[7:])
+    return getattr(legacy, name[7:])
   if name == "adafactor.Adafactor":
     return _T5XAdafactor
-  if name in optcore.OPTAX_ALIASES:
-    return getattr(optcore, name)
-  known = [*optcore.OPTAX_ALIASES, *(f"contrib.{n}" for n in optcore.contrib.CONTRIB_OPTIMIZERS)]
+  if name in optax_aliases.OPTAX_ALIASES:
+    return getattr(optax_aliases, name)
+  known = [*optax_aliases.OPTAX_ALIASES, *(f"contrib.{n}" for n in contrib.CONTRIB_OPTIMIZERS)]
   known += [f"legacy.{n}" for n in _LEGACY] + ["adafactor.Adafactor", "chain", "multi"]
   raise ConfigError(f"at {where!r}: unknown optimizer {name!r}; known: {', '.join(known)}")
 
@@ -199,13 +200,13 @@ def _check_types(name: str, factory: Any, args: Mapping[str, Any], path: str) ->
   cannot do, so a config must give it too.
   """
   params = inspect.signature(factory).parameters
-  legacy = name.startswith("legacy.") or name == "adafactor.Adafactor"
+  is_legacy = name.startswith("legacy.") or name == "adafactor.Adafactor"
   for key, p in params.items():
     required = p.default is inspect.Parameter.empty and p.kind not in (
       p.VAR_KEYWORD,
       p.VAR_POSITIONAL,
     )
-    if key not in args and (required or (legacy and key == "learning_rate")):
+    if key not in args and (required or (is_legacy and key == "learning_rate")):
       raise ConfigError(
         f"at {_join(path, key)!r}: {name} needs {key!r}; add it to the config"
         + (', e.g. "learning_rate": 1e-3' if key == "learning_rate" else "")
@@ -297,7 +298,7 @@ def _chain(args: Mapping[str, Any], path: str) -> OptaxWrapper:
       built.append(_transform(item, where))
     else:
       built.append(from_config(item, _path=where))
-  return optcore.chain(built)
+  return chain(built)
 
 
 class _Transform:
@@ -352,12 +353,12 @@ def _transform(item: Mapping[str, Any], where: str) -> _Transform:
 
 
 def _optax_name(opt_def: OptaxWrapper) -> str:
-  name = opt_def._name
-  if name in optcore.OPTAX_ALIASES or name == "chain":
+  name = opt_def.display_name()
+  if name in optax_aliases.OPTAX_ALIASES or name == "chain":
     return name
-  if name.startswith("contrib.") and name[8:] in optcore.contrib.CONTRIB_OPTIMIZERS:
+  if name.startswith("contrib.") and name[8:] in contrib.CONTRIB_OPTIMIZERS:
     return name
-  if name in optcore.contrib.CONTRIB_OPTIMIZERS:
+  if name in contrib.CONTRIB_OPTIMIZERS:
     return f"contrib.{name}"
   raise ConfigError(f"{opt_def!r} is not an optax alias, contrib optimizer or chain")
 

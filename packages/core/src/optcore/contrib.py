@@ -1,8 +1,10 @@
 """optax.contrib's optimizers as optcore definitions: ``optcore.contrib.<name>``.
 
-The list is derived from the installed ``optax.contrib`` (see
-`CONTRIB_OPTIMIZERS`). Optimizer wrappers (mechanize, sam, schedule_free,
-split_real_and_imaginary) take optax transformations or optcore definitions.
+Optimizer wrappers (mechanize, sam, schedule_free, split_real_and_imaginary)
+take optax transformations or optcore definitions. The list is written out,
+one line each, so that IDEs and type checkers see every name;
+`tests/core/test_aliases.py` checks it against the installed ``optax.contrib``
+(`optax_contrib_names`), so an optimizer a new optax adds cannot be missed.
 
 Example:
   >>> import jax.numpy as jnp
@@ -14,14 +16,55 @@ Example:
 
 import optax.contrib as _contrib
 
-from optcore._src.aliases import optax_contrib_names as _optax_contrib_names
 from optcore._src.optax_wrapper import wrap_optax_optimizer as _wrap
 
-#: The optax.contrib optimizers wrapped here, derived from the installed optax.
-CONTRIB_OPTIMIZERS: tuple[str, ...] = tuple(_optax_contrib_names())
+acprop = _wrap(_contrib.acprop, name="contrib.acprop")
+ademamix = _wrap(_contrib.ademamix, name="contrib.ademamix")
+adopt = _wrap(_contrib.adopt, name="contrib.adopt")
+cocob = _wrap(_contrib.cocob, name="contrib.cocob")
+dadapt_adamw = _wrap(_contrib.dadapt_adamw, name="contrib.dadapt_adamw")
+dog = _wrap(_contrib.dog, name="contrib.dog")
+dowg = _wrap(_contrib.dowg, name="contrib.dowg")
+dpsgd = _wrap(_contrib.dpsgd, name="contrib.dpsgd")
+galore = _wrap(_contrib.galore, name="contrib.galore")
+madgrad = _wrap(_contrib.madgrad, name="contrib.madgrad")
+mechanize = _wrap(_contrib.mechanize, name="contrib.mechanize")
+momo = _wrap(_contrib.momo, name="contrib.momo")
+momo_adam = _wrap(_contrib.momo_adam, name="contrib.momo_adam")
+muon = _wrap(_contrib.muon, name="contrib.muon")
+prodigy = _wrap(_contrib.prodigy, name="contrib.prodigy")
+sam = _wrap(_contrib.sam, name="contrib.sam")
+schedule_free = _wrap(_contrib.schedule_free, name="contrib.schedule_free")
+schedule_free_adamw = _wrap(_contrib.schedule_free_adamw, name="contrib.schedule_free_adamw")
+schedule_free_sgd = _wrap(_contrib.schedule_free_sgd, name="contrib.schedule_free_sgd")
+simplified_ademamix = _wrap(_contrib.simplified_ademamix, name="contrib.simplified_ademamix")
+sophia = _wrap(_contrib.sophia, name="contrib.sophia")
+split_real_and_imaginary = _wrap(
+  _contrib.split_real_and_imaginary, name="contrib.split_real_and_imaginary"
+)
 
-for _name in CONTRIB_OPTIMIZERS:
-  globals()[_name] = _wrap(getattr(_contrib, _name), name=f"contrib.{_name}")
-del _name
-
-__all__ = ["CONTRIB_OPTIMIZERS", *CONTRIB_OPTIMIZERS]
+#: The optax.contrib optimizers wrapped here.
+CONTRIB_OPTIMIZERS: tuple[str, ...] = (
+  "acprop",
+  "ademamix",
+  "adopt",
+  "cocob",
+  "dadapt_adamw",
+  "dog",
+  "dowg",
+  "dpsgd",
+  "galore",
+  "madgrad",
+  "mechanize",
+  "momo",
+  "momo_adam",
+  "muon",
+  "prodigy",
+  "sam",
+  "schedule_free",
+  "schedule_free_adamw",
+  "schedule_free_sgd",
+  "simplified_ademamix",
+  "sophia",
+  "split_real_and_imaginary",
+)

@@ -11,7 +11,7 @@ import jax
 from jax.sharding import Mesh
 
 import optcore
-from optcore._src.optax_wrapper import as_definition
+from optcore import adapter
 
 PyTree = Any
 
@@ -53,7 +53,7 @@ class Optimizer(eqx.Module):
   state: optcore.OptimizerState
 
   def __init__(self, optimizer: Any, model: PyTree, *, wrt: Any = eqx.is_inexact_array):
-    optimizer = as_definition(optimizer, "optcore_equinox.Optimizer")
+    optimizer = adapter.as_definition(optimizer, "optcore_equinox.Optimizer")
     self.optimizer_def = optimizer
     self.wrt = wrt
     params = eqx.filter(model, wrt)
@@ -82,18 +82,20 @@ class Optimizer(eqx.Module):
     ``extra_args`` go to optax's update (``value=loss`` for polyak_sgd, ...).
     """
     params, static = eqx.partition(model, self.wrt)
-    selected = _select(grads, params)
-    optcore.check_gradients(self.optimizer_def, params, selected)
-    hyper_params = self.optimizer_def.update_hyper_params(**overrides)
-    new_params, new_state = self.optimizer_def.apply_gradient(
-      hyper_params, params, self.state, selected, **(extra_args or {})
+    new_params, new_state = adapter.step(
+      self.optimizer_def,
+      params,
+      self.state,
+      _select(grads, params),
+      extra_args=extra_args,
+      **overrides,
     )
     return eqx.combine(new_params, static), eqx.tree_at(lambda o: o.state, self, new_state)
 
   def state_dict(self) -> dict[str, Any]:
     """``{'state': {'step': ..., 'param_states': ...}}``: the core's layout, so
     the state moves to and from the core and Flax optimizers."""
-    return {"state": self.optimizer_def.state_dict(None, self.state)["state"]}
+    return adapter.state_dict(self.optimizer_def, self.state)
 
   def restore_state(self, state_dict: Mapping[str, Any]) -> Optimizer:
     """A new Optimizer holding ``state_dict['state']``; this one is untouched.
@@ -102,12 +104,7 @@ class Optimizer(eqx.Module):
     ``'target'`` is ignored: the model is yours). Raises
     `optcore.StateDictError` naming the path on any mismatch.
     """
-    if not isinstance(state_dict, Mapping) or "state" not in state_dict:
-      found = sorted(state_dict) if isinstance(state_dict, Mapping) else type(state_dict).__name__
-      raise optcore.StateDictError(f"expected a dict with a 'state' key, found {found}")
-    _, state = self.optimizer_def.restore_state(
-      None, self.state, {"target": None, "state": state_dict["state"]}
-    )
+    state = adapter.restore_state(self.optimizer_def, self.state, state_dict)
     return eqx.tree_at(lambda o: o.state, self, state)
 
   def shardings(
@@ -126,13 +123,10 @@ class Optimizer(eqx.Module):
     """
     params = self.params(model)
     specs = _select(model_specs, params, check=False)
-    axes = optcore.partitioning.normalize_param_axes(params, specs)
-    state_axes = self.optimizer_def.derive_param_states_axes(self.state.param_states, params, axes)
-    state_axes = optcore.OptimizerState(jax.sharding.PartitionSpec(), state_axes)
-    axes_opt = eqx.tree_at(lambda o: o.state, self, state_axes)
-    shardings = optcore.logical_to_mesh_sharding(axes_opt, mesh, logical_axis_rules)
-    optcore.partitioning.check_divisible(self, shardings)  # before JAX's IndivisibleError
-    return shardings
+    shardings = adapter.state_shardings(
+      self.optimizer_def, self.state, params, specs, mesh, logical_axis_rules
+    )
+    return eqx.tree_at(lambda o: o.state, self, shardings)
 
   def shard(
     self,

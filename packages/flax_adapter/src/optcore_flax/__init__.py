@@ -29,7 +29,6 @@ from flax import serialization as _serialization
 from flax import traverse_util as _traverse_util
 
 import optcore as _optcore
-from optcore._src.serialization import key_data_for_export as _key_data
 from optcore_flax import adafactor as adafactor
 from optcore_flax import optim as optim
 from optcore_flax import optimizers as optimizers
@@ -57,13 +56,13 @@ _optcore.register_selector_type(_traverse_util.Traversal, _flax_traversal_mask)
 # msgpack has no typed PRNG keys (noisy_sgd, dpsgd): their key data is written instead.
 _serialization.register_serialization_state(
   _optcore.Optimizer,
-  lambda optimizer: _key_data(optimizer.state_dict()),
+  lambda optimizer: _optcore.adapter.key_data_for_export(optimizer.state_dict()),
   lambda optimizer, state_dict: optimizer.restore_state(state_dict),
   override=True,
 )
 _serialization.register_serialization_state(
   _optcore.OptimizerState,
-  lambda state: _key_data(_optcore.to_state_dict(state)),
+  lambda state: _optcore.adapter.key_data_for_export(_optcore.to_state_dict(state)),
   lambda state, state_dict: _optcore.from_state_dict(state, state_dict),
   override=True,
 )

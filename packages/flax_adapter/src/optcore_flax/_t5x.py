@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
 from typing import Any
 
 import jax
-from jax.sharding import Mesh, PartitionSpec
+from jax.sharding import PartitionSpec
 
 import optcore
 
@@ -20,8 +19,8 @@ class T5XFace:
     every definition on every step, ``chain`` of ready optax transformations
     included); overrides the definition has are honoured;
   - `derive_logical_axes` gives None for the step and for scalar state
-    leaves (optax's counters), as T5X does; `derive_shardings` still gives a
-    `NamedSharding` (replicated) for every leaf.
+    leaves (optax's counters), as T5X does; `derive_shardings` (the core's,
+    from the partition rules) still gives a `NamedSharding` for every leaf.
   """
 
   def update_hyper_params(self, **hyper_param_overrides: Any) -> Any:
@@ -46,15 +45,3 @@ class T5XFace:
     scalars_none = lambda spec: None if isinstance(spec, PartitionSpec) and not len(spec) else spec
     param_states = jax.tree.map(scalars_none, axes.state.param_states)
     return axes.replace(state=axes.state.replace(step=None, param_states=param_states))
-
-  def derive_shardings(
-    self,
-    optimizer: optcore.Optimizer,
-    param_logical_axes: Any,
-    mesh: Mesh,
-    logical_axis_rules: Sequence[tuple[str, Any]] | None = None,
-  ) -> Any:
-    axes = super().derive_logical_axes(optimizer, param_logical_axes)  # type: ignore[misc]
-    shardings = optcore.logical_to_mesh_sharding(axes, mesh, logical_axis_rules)
-    optcore.partitioning.check_divisible(optimizer, shardings)
-    return shardings

@@ -12,7 +12,7 @@ import optax.tree_utils
 import treeo as to
 
 import optcore
-from optcore._src.optax_wrapper import as_definition
+from optcore import adapter
 
 PyTree = tp.Any
 
@@ -63,7 +63,7 @@ class Optimizer(to.Tree):
   param_shapes: tuple | None = to.field(None, node=False)
 
   def __init__(self, optimizer: tp.Any):
-    self.optimizer_def = as_definition(optimizer, "optcore_treex.Optimizer")
+    self.optimizer_def = adapter.as_definition(optimizer, "optcore_treex.Optimizer")
     self.opt_state = None
     self.step = None
     self.n_leaves = None
@@ -122,36 +122,26 @@ class Optimizer(to.Tree):
       raise ValueError("params must be provided if apply_updates is True")
     if params is not None:  # first: it names the path of a None or misshapen gradient
       optcore.check_gradients(self.optimizer_def, params, grads)
-    for name, tree in (("params", params), ("grads", grads)):
+    for name, tree in (("params", params), ("grads", grads)):  # Treex's own errors
       if tree is not None and len(jax.tree.leaves(tree)) != self.n_leaves:
         raise ValueError(
           f"{name} must have length {self.n_leaves}, got {len(jax.tree.leaves(tree))}"
         )
       if tree is not None and not self.optimizer_def.per_example_gradients:
         self._check_init_shapes(name, tree)
-    optimizer_def = self.optimizer_def
-    hyper_params = optimizer_def.update_hyper_params(**hyper_param_overrides)
     # The step a definition reads; optax transformations read none (they count in their state).
     step = jnp.zeros((), jnp.int32) if self.step is None else self.step
-    state = optcore.OptimizerState(step, self.opt_state)
-    if apply_updates or not isinstance(optimizer_def, optcore.OptaxWrapper):
-      if params is None:
-        raise ValueError(
-          f"{optimizer_def!r} computes new parameters from the old ones: pass params"
-        )
-      new_params, new_state = optimizer_def.apply_gradient(hyper_params, params, state, grads)
-      output = new_params if apply_updates else jax.tree.map(lambda a, b: a - b, new_params, params)
-      opt_state = new_state.param_states
-    else:  # the transformation's own updates: exact, and params optional as in optax
-      tx = (
-        optimizer_def._build(hyper_params)
-        if hyper_param_overrides
-        else optimizer_def.optax_optimizer
-      )
-      output, opt_state = tx.update(grads, self.opt_state, params)
-    self.opt_state = opt_state
+    output, new_state = adapter.step(
+      self.optimizer_def,
+      params,
+      optcore.OptimizerState(step, self.opt_state),
+      grads,
+      apply_updates=apply_updates,
+      **hyper_param_overrides,
+    )
+    self.opt_state = new_state.param_states
     if self.step is not None:
-      self.step = self.step + 1
+      self.step = new_state.step
     return output
 
   def state_dict(self) -> dict[str, tp.Any]:
@@ -163,10 +153,7 @@ class Optimizer(to.Tree):
     it restores in this face, and in the others after adding ``'step'``.
     """
     self._check_initialized()
-    state_dict = self.optimizer_def.state_dict(None, self._full_state())["state"]
-    if self._step() is None:
-      del state_dict["step"]
-    return {"state": state_dict}
+    return adapter.state_dict(self.optimizer_def, self.state)
 
   def restore_state(self, state_dict: Mapping[str, tp.Any]) -> Optimizer:
     """A new optimizer holding ``state_dict['state']`` (this adapter's, the
@@ -174,17 +161,11 @@ class Optimizer(to.Tree):
     Flax checkpoint is read where this optimizer keeps one; an optax
     transformation's counts are in its state."""
     self._check_initialized()
-    if not isinstance(state_dict, Mapping) or "state" not in state_dict:
-      found = sorted(state_dict) if isinstance(state_dict, Mapping) else type(state_dict).__name__
-      raise optcore.StateDictError(f"expected a dict with a 'state' key, found {found}")
-    given = state_dict["state"]
-    reference = self._full_state()
-    if self.step is None and isinstance(given, Mapping):  # optax's own counts are in its state
-      given = {**given, "step": optcore.to_state_dict(reference.step)}
-    _, state = self.optimizer_def.restore_state(None, reference, {"target": None, "state": given})
+    reference = optcore.OptimizerState(self.step, self.opt_state)  # a None step is not read
+    state = adapter.restore_state(self.optimizer_def, reference, state_dict)
     module = to.copy(self)
     module.opt_state = state.param_states
-    module.step = None if self.step is None else state.step
+    module.step = state.step
     return module
 
   def _check_init_shapes(self, name: str, tree: PyTree) -> None:
@@ -205,13 +186,6 @@ class Optimizer(to.Tree):
       return self.step
     counts = optax.tree_utils.tree_get_all_with_path(self.opt_state, "count")
     return counts[0][1] if counts else None
-
-  def _full_state(self) -> optcore.OptimizerState:
-    """The state with a step leaf (zero where none is known), for the core's serialization."""
-    step = self._step()
-    return optcore.OptimizerState(
-      jnp.zeros((), jnp.int32) if step is None else step, self.opt_state
-    )
 
   def _check_initialized(self) -> None:
     if not self.initialized:

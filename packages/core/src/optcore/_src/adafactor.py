@@ -31,14 +31,11 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 from optcore._src import paths
-from optcore._src.base import (
-  OptimizerDef,
-  OptimizerState,
-  check_float_params,
-  check_learning_rate,
-)
+from optcore._src.base import OptimizerDef
+from optcore._src.checks import check_float_params, check_learning_rate
 from optcore._src.hyper_params import HyperParams
 from optcore._src.legacy import param_state
+from optcore._src.optimizer import OptimizerState
 
 PyTree = Any
 

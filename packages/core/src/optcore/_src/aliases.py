@@ -1,7 +1,7 @@
-"""Which optax factories optcore wraps, read from the installed optax itself.
+"""Which optax factories optcore should wrap, read from the installed optax itself.
 
-The list is derived at import time, so a newer optax's new optimizers are
-wrapped without a change here:
+The reference that the written-out lists (`optax_aliases`, `optcore.contrib`)
+are tested against, so a newer optax's new optimizers cannot be missed:
 - optax's optimizer aliases: every public name of ``optax`` that optax
   defines in its alias module (adam, sgd, nadam, ...);
 - optax.contrib's optimizers: every public function with a ``learning_rate``

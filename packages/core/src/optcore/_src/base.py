@@ -1,62 +1,29 @@
-"""The optimizer definition, its state, and the immutable Optimizer container.
+"""The optimizer definition: an algorithm and its hyper-parameters.
 
-The API is flax.optim's (v0.5.3) and T5X's: an `OptimizerDef` holds the
-algorithm and its hyper-parameters, an `OptimizerState` holds the step and the
-per-parameter state, and an `Optimizer` ties a definition, a state and the
-parameters (the target) together. All three pass through `jax.jit`; the
-definition is static data, so the same configuration never retraces.
+The API is flax.optim's (v0.5.3) and T5X's. A definition is static data of
+the jitted `Optimizer` (the same configuration never retraces). It holds the
+algorithm; the methods users call for overrides, sharding, serialization and
+export delegate to the modules that do that work (`overrides`, `state_axes`,
+`serialization`, `export`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import warnings
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Generic, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from jax.sharding import PartitionSpec
 
-from optcore._src import paths, serialization
-from optcore._src.hyper_params import HyperParams, check_override
+from optcore._src import export, overrides, serialization, state_axes
+from optcore._src.checks import check_float_params, check_learning_rate
+from optcore._src.hyper_params import HyperParams
+from optcore._src.optimizer import Optimizer, OptimizerState
 
 PyTree = Any
-T = TypeVar("T")
-
-
-@dataclasses.dataclass(frozen=True)
-class OptimizerState:
-  """The state of an optimizer: the step count and the per-parameter states.
-
-  Attributes:
-    step: int32 scalar, the number of updates applied so far.
-    param_states: for a per-parameter definition, a tree shaped like the
-      parameters; for a wrapped optax optimizer, the optax state as optax
-      lays it out.
-
-  Example:
-    >>> import jax.numpy as jnp
-    >>> import optcore
-    >>> state = optcore.sgd(0.1, momentum=0.9).init_state({'w': jnp.zeros(2)})
-    >>> int(state.step), type(state.param_states[0]).__name__
-    (0, 'TraceState')
-    >>> state.replace(step=state.step + 1).step
-    Array(1, dtype=int32)
-  """
-
-  step: jax.Array
-  param_states: PyTree
-
-  def replace(self, **changes: Any) -> OptimizerState:
-    return dataclasses.replace(self, **changes)
-
-
-jax.tree_util.register_dataclass(
-  OptimizerState, data_fields=["step", "param_states"], meta_fields=[]
-)
 
 
 class OptimizerDef:
@@ -167,6 +134,22 @@ class OptimizerDef:
     new_states = treedef.unflatten([s for _, s in out])
     return new_params, OptimizerState(state.step + 1, new_states)
 
+  def compute_updates(
+    self,
+    hyper_params: HyperParams,
+    params: PyTree,
+    state: OptimizerState,
+    grads: PyTree,
+    **extra_args: Any,
+  ) -> tuple[PyTree, OptimizerState]:
+    """One step in optax's terms: ``(updates, new_state)``, with ``updates =
+    new_params - params`` (a wrapped optax transformation returns its own
+    updates, exactly, and needs no ``params``)."""
+    if params is None:
+      raise ValueError(f"{self!r} computes new parameters from the old ones: pass params")
+    new_params, new_state = self.apply_gradient(hyper_params, params, state, grads, **extra_args)
+    return jax.tree.map(lambda new, old: new - old, new_params, params), new_state
+
   def display_name(self) -> str:
     """The name errors and warnings use: the class's, or the optax alias it wraps."""
     return type(self).__name__
@@ -184,25 +167,7 @@ class OptimizerDef:
   def update_hyper_params(self, **hyper_param_overrides: Any) -> HyperParams:
     """The hyper-parameters for one step: ``hyper_params=`` replaces them all,
     any other keyword replaces one; an unknown name raises TypeError."""
-    hyper_params = hyper_param_overrides.pop("hyper_params", self.hyper_params)
-    ignored = sorted(set(hyper_param_overrides) & set(self.constructor_only))
-    if ignored:
-      warnings.warn(
-        f"{self.display_name()}: the override(s) {ignored} have no effect: the original "
-        f"algorithm reads them from the constructor only, and so does optcore, to keep its "
-        f"numbers. Build a new definition with {ignored[0]}=... to change it.",
-        UserWarning,
-        stacklevel=3,
-      )
-    if hyper_param_overrides:
-      try:
-        replaced = hyper_params.replace(**hyper_param_overrides)
-      except TypeError as e:
-        raise TypeError(f"{self!r}: {e}") from None
-      for name, value in hyper_param_overrides.items():
-        check_override(self.display_name(), name, hyper_params[name], value)
-      hyper_params = replaced
-    return hyper_params
+    return overrides.resolve(self, **hyper_param_overrides)
 
   def create(self, target: PyTree, focus: Any = None) -> Optimizer:
     """An `Optimizer` over ``target`` with its initial state.
@@ -212,7 +177,9 @@ class OptimizerDef:
     ``MultiOptimizer((focus, self))`` and the other leaves stay frozen.
     """
     if focus is not None:
-      from optcore._src.multi_optimizer import MultiOptimizer  # here: it imports this module
+      # The one cycle in the core, as in flax.optim's own base module: focus is a
+      # MultiOptimizer, which is a definition.
+      from optcore._src.multi_optimizer import MultiOptimizer
 
       return MultiOptimizer((focus, self)).create(target)
     return Optimizer(self, self.init_state(target), target)
@@ -244,20 +211,7 @@ class OptimizerDef:
       (Array([2.], dtype=float32), 1)
     """
 
-    def init_fn(params: PyTree) -> OptimizerState:
-      return self.init_state(paths.unbox(params))
-
-    def update_fn(updates: PyTree, state: OptimizerState, params: PyTree = None, **extra_args):
-      del extra_args
-      if params is None:
-        raise ValueError(
-          f"{self!r}.as_optax() computes new parameters, so it needs them: call "
-          "tx.update(grads, state, params)."
-        )
-      new_params, new_state = self.apply_gradient(self.hyper_params, params, state, updates)
-      return jax.tree.map(lambda new, old: new - old, new_params, params), new_state
-
-    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+    return export.as_optax(self)
 
   def derive_logical_axes(self, optimizer: Optimizer, param_logical_axes: PyTree) -> Optimizer:
     """The logical axes of ``optimizer``: an Optimizer of the same structure
@@ -279,11 +233,7 @@ class OptimizerDef:
       >>> axes.state.param_states[0].mu == {'w': P('embed', 'mlp')}, axes.state.step == P()
       (True, True)
     """
-    from optcore._src import partition_rules  # here: the rules import this module's users
-
-    axes = partition_rules.normalize_param_axes(optimizer.target, param_logical_axes)
-    state_axes = self.derive_param_states_axes(optimizer.state.param_states, optimizer.target, axes)
-    return Optimizer(self, OptimizerState(PartitionSpec(), state_axes), axes)
+    return state_axes.optimizer_logical_axes(self, optimizer, param_logical_axes)
 
   def derive_shardings(
     self,
@@ -309,12 +259,9 @@ class OptimizerDef:
       >>> shardings.state.param_states[0].mu['w'].spec == P(None, 'model')
       True
     """
-    from optcore._src import sharding
-
-    axes = self.derive_logical_axes(optimizer, param_logical_axes)
-    shardings = sharding.logical_to_mesh_sharding(axes, mesh, logical_axis_rules)
-    sharding.check_divisible(optimizer, shardings)  # named here, not in device_put's error
-    return shardings
+    return state_axes.optimizer_shardings(
+      self, optimizer, param_logical_axes, mesh, logical_axis_rules
+    )
 
   def create_sharded(
     self,
@@ -338,10 +285,7 @@ class OptimizerDef:
       >>> opt.state.param_states[0].nu['w'].sharding.spec == P(None, 'model')
       True
     """
-
-    abstract = jax.eval_shape(self.create, target)
-    shardings = self.derive_shardings(abstract, param_logical_axes, mesh, logical_axis_rules)
-    return jax.jit(self.create, out_shardings=shardings)(target)
+    return state_axes.create_sharded(self, target, param_logical_axes, mesh, logical_axis_rules)
 
   def derive_param_states_axes(
     self, param_states: PyTree, params: PyTree, params_axes: PyTree
@@ -351,43 +295,17 @@ class OptimizerDef:
     For a per-parameter definition each parameter's state is passed to
     `derive_param_state_axes`; wrapped optax and MultiOptimizer override this.
     """
-    treedef = jax.tree.structure(params)
-    per_param = [
-      self.derive_param_state_axes(param, spec, state)
-      for param, spec, state in zip(
-        jax.tree.leaves(params),
-        treedef.flatten_up_to(params_axes),
-        treedef.flatten_up_to(param_states),
-        strict=True,
-      )
-    ]
-    return treedef.unflatten(per_param)
+    return state_axes.per_parameter_states_axes(self, param_states, params, params_axes)
 
   def derive_param_state_axes(self, param: Any, param_axes: PartitionSpec, state: PyTree) -> PyTree:
     """The axes of one parameter's state: a leaf of the parameter's shape gets
     ``param_axes``, a scalar is replicated. Override it for any other leaf
     (a factored accumulator); by default such a leaf raises."""
-    from optcore._src import partition_rules
-
-    def leaf_axes(leaf: Any) -> PartitionSpec:
-      if tuple(leaf.shape) == tuple(param.shape):
-        return param_axes
-      if not leaf.shape:
-        return PartitionSpec()
-      raise partition_rules.PartitionRuleError(
-        f"{self!r}: a state leaf of shape {tuple(leaf.shape)} for a parameter of shape "
-        f"{tuple(param.shape)} is neither parameter-shaped nor a scalar; override "
-        f"{type(self).__name__}.derive_param_state_axes to say which axes it keeps."
-      )
-
-    return jax.tree.map(leaf_axes, state)
+    return state_axes.parameter_or_scalar_axes(self, param, param_axes, state)
 
   def state_dict(self, target: PyTree, state: OptimizerState) -> dict[str, Any]:
     """``{'target': ..., 'state': {'step': ..., 'param_states': ...}}``, Flax's layout."""
-    return {
-      "target": serialization.to_state_dict(target),
-      "state": serialization.to_state_dict(state),
-    }
+    return serialization.optimizer_state_dict(target, state)
 
   def restore_state(
     self, target: PyTree, state: OptimizerState, state_dict: Mapping[str, Any]
@@ -397,14 +315,7 @@ class OptimizerDef:
     Raises `StateDictError`, naming the path, for a missing or extra key, a
     shape or a dtype that differ; nothing is changed then.
     """
-    if not isinstance(state_dict, Mapping) or set(state_dict) != {"target", "state"}:
-      found = sorted(state_dict) if isinstance(state_dict, Mapping) else type(state_dict).__name__
-      raise serialization.StateDictError(
-        f"an optimizer state dict has exactly the keys ['state', 'target'], found {found}"
-      )
-    new_target = serialization.from_state_dict(target, state_dict["target"], root="target")
-    new_state = serialization.from_state_dict(state, state_dict["state"], root="state")
-    return new_target, new_state
+    return serialization.restore_optimizer_state(target, state, state_dict)
 
   # Definitions are static data of jitted pytrees: equal configs, equal defs.
 
@@ -439,239 +350,3 @@ def _register_static(cls: type) -> None:
 
 
 _register_static(OptimizerDef)
-
-
-@dataclasses.dataclass(frozen=True)
-class Optimizer(Generic[T]):
-  """An optimizer definition bound to its target (the parameters) and state.
-
-  Immutable: `apply_gradient` and `restore_state` return a new Optimizer. A
-  pytree whose leaves are the state and the target; the definition is static.
-
-  Example:
-    >>> import jax, jax.numpy as jnp
-    >>> import optcore
-    >>> opt = optcore.sgd(learning_rate=0.1).create({'w': jnp.ones(3)})
-    >>> step = jax.jit(lambda opt, g, lr: opt.apply_gradient(g, learning_rate=lr))
-    >>> opt = step(opt, {'w': jnp.ones(3)}, 0.5)
-    >>> opt.target['w']
-    Array([0.5, 0.5, 0.5], dtype=float32)
-  """
-
-  optimizer_def: OptimizerDef
-  state: OptimizerState
-  target: T
-
-  def apply_gradient(
-    self,
-    grads: PyTree,
-    *,
-    extra_args: Mapping[str, Any] | None = None,
-    **hyper_param_overrides: Any,
-  ) -> Optimizer[T]:
-    """Applies one update with ``grads``; returns the new Optimizer.
-
-    Args:
-      grads: gradients in the structure of ``target``.
-      extra_args: keyword arguments for the optax update of
-        ``GradientTransformationExtraArgs`` optimizers (``value=loss`` for
-        polyak_sgd, ``value``/``grad``/``value_fn`` for lbfgs, ...).
-      **hyper_param_overrides: hyper-parameter values for this step only,
-        e.g. ``learning_rate=lr``; traced values do not cause recompiles.
-    """
-    check_gradients(self.optimizer_def, self.target, grads)
-    hyper_params = self.optimizer_def.update_hyper_params(**hyper_param_overrides)
-    new_target, new_state = self.optimizer_def.apply_gradient(
-      hyper_params, self.target, self.state, grads, **(extra_args or {})
-    )
-    return self.replace(target=new_target, state=new_state)
-
-  def compute_gradient(self, loss_fn: Callable[[T], Any]) -> tuple:
-    """flax.optim's helper: ``(loss, grad)`` of ``loss_fn(target)``, or
-    ``(loss, aux, grad)`` when it returns ``(loss, aux)``."""
-
-    def wrapped(target):
-      out = loss_fn(target)
-      return (out[0], tuple(out[1:])) if isinstance(out, (tuple, list)) else (out, None)
-
-    (loss, aux), grad = jax.value_and_grad(wrapped, has_aux=True)(self.target)
-    if aux is None:
-      return loss, grad
-    return (loss, *aux, grad)
-
-  compute_gradients = compute_gradient
-
-  def optimize(self, loss_fn: Callable[[T], Any], **hyper_param_overrides: Any) -> tuple:
-    """flax.optim's deprecated one-call step: ``(new_optimizer, loss[, aux])``,
-    the loss computed before the update."""
-    warnings.warn(
-      "Optimizer.optimize() is deprecated (as in flax.optim): compute the gradient with "
-      "jax.grad or Optimizer.compute_gradient and call apply_gradient.",
-      DeprecationWarning,
-      stacklevel=2,
-    )
-    *outputs, grad = self.compute_gradient(loss_fn)
-    return (self.apply_gradient(grad, **hyper_param_overrides), *outputs)
-
-  def replicate(self, devices: Sequence[Any] | None = None) -> Optimizer[T]:
-    """A copy with a leading device axis, for ``jax.pmap`` (flax.optim's)."""
-    devices = list(devices or jax.local_devices())
-    mesh = jax.sharding.Mesh(np.array(devices), ("replica",))
-    sharding = jax.sharding.NamedSharding(mesh, PartitionSpec("replica"))
-    copies = lambda x: jnp.broadcast_to(x, (len(devices), *jnp.shape(x)))
-    return jax.tree.map(lambda x: jax.device_put(copies(x), sharding), self)
-
-  def unreplicate(self) -> Optimizer[T]:
-    """The first device's copy of a replicated optimizer."""
-    return jax.tree.map(lambda x: x[0], self)
-
-  def state_dict(self) -> dict[str, Any]:
-    """The state dict in Flax's layout: ``{'target': ..., 'state': ...}``."""
-    return self.optimizer_def.state_dict(self.target, self.state)
-
-  def restore_state(self, state_dict: Mapping[str, Any]) -> Optimizer[T]:
-    """A new Optimizer holding what ``state_dict`` holds; this one is untouched."""
-    target, state = self.optimizer_def.restore_state(self.target, self.state, state_dict)
-    return self.replace(target=target, state=state)
-
-  def replace(self, **changes: Any) -> Optimizer[T]:
-    return dataclasses.replace(self, **changes)
-
-
-jax.tree_util.register_dataclass(
-  Optimizer, data_fields=["state", "target"], meta_fields=["optimizer_def"]
-)
-
-
-class TreeMismatchError(ValueError):
-  """Two trees that should have the same structure do not."""
-
-
-TreeMismatchError.__module__ = "optcore"
-
-
-def check_same_structure(reference: PyTree, other: PyTree, what: str) -> None:
-  """Raises `TreeMismatchError` naming the first path where ``other`` differs."""
-  if jax.tree.structure(reference) == jax.tree.structure(other):
-    return
-  container = _first_container_difference(reference, other, what, "")
-  if container is not None:
-    raise TreeMismatchError(container)
-  named = lambda tree: {
-    "/" + "/".join(names): leaf for names, leaf in paths.leaves_with_names(tree, keep_none=True)[0]
-  }
-  ref_by_path, other_by_path = named(reference), named(other)
-  for name, leaf in ref_by_path.items():
-    if leaf is None:
-      continue
-    if name not in other_by_path:
-      raise TreeMismatchError(
-        f"{what} has no array at {name!r}, where the parameters have one. Give a gradient for "
-        f"every parameter (use jnp.zeros_like for a parameter that gets none)."
-      )
-    if other_by_path[name] is None:
-      raise TreeMismatchError(
-        f"{what} has None at {name!r}, where the parameters have an array. Replace None "
-        f"gradients with zeros (jnp.zeros_like(param)) or leave that parameter out of the "
-        f"optimised tree."
-      )
-  extra = sorted(set(other_by_path) - set(ref_by_path))
-  raise TreeMismatchError(
-    f"{what} does not have the structure of the parameters"
-    + (f": it has extra entries at {extra[:5]}" if extra else "")
-    + f". Expected {jax.tree.structure(reference)}, found {jax.tree.structure(other)}."
-  )
-
-
-def check_gradients(
-  optimizer_def: OptimizerDef, params: PyTree, grads: PyTree, what: str = "grads"
-) -> None:
-  """Raises `TreeMismatchError` naming the path where ``grads`` do not fit
-  ``params``: another structure, a None or missing gradient, or a leaf of
-  another shape (a (2, 1) gradient for a (2,) parameter would broadcast
-  silently). Shapes are static, so under ``jit`` this costs nothing per step.
-
-  Example:
-    >>> import jax.numpy as jnp
-    >>> import optcore
-    >>> params = {'b': jnp.zeros(2)}
-    >>> optcore.check_gradients(optcore.adam(1e-2), params, {'b': jnp.ones((2, 1))})
-    Traceback (most recent call last):
-    ...
-    optcore.TreeMismatchError: grads has shape (2, 1) at '/b', where the parameter has shape (2,)...
-  """
-  check_same_structure(params, grads, what)
-  per_example = optimizer_def.per_example_gradients
-  named, _ = paths.leaves_with_names(params)
-  for (names, param), grad in zip(named, jax.tree.leaves(grads), strict=True):
-    want, found = np.shape(param), np.shape(grad)
-    fits = found[1:] == want if per_example else found == want
-    if not fits:
-      expected = f"(examples, {', '.join(map(str, want))})" if per_example else str(want)
-      raise TreeMismatchError(
-        f"{what} has shape {found} at {'/' + '/'.join(names)!r}, where the parameter has shape "
-        f"{want}; expected a gradient of shape {expected}. Pass the gradient of the loss with "
-        "respect to this parameter (jax.grad gives each the parameter's shape)."
-      )
-
-
-class MissingHyperParameterError(ValueError, AssertionError):
-  """A step without a value the algorithm needs (a learning rate). An
-  AssertionError too: flax.optim's algorithms asserted ``'no learning rate provided.'``."""
-
-
-MissingHyperParameterError.__module__ = "optcore"
-
-
-def check_learning_rate(optimizer_def: OptimizerDef, hyper_params: Any) -> None:
-  """Raises `MissingHyperParameterError` when this step's learning rate is None."""
-  if isinstance(hyper_params, Mapping) and hyper_params.get("learning_rate", 0) is None:
-    name = optimizer_def.display_name()
-    raise MissingHyperParameterError(
-      f"no learning rate provided. {name} was built without learning_rate: pass it to the "
-      f"constructor ({name}(learning_rate=0.1)) or to each step "
-      "(apply_gradient(grads, learning_rate=0.1))."
-    )
-
-
-def check_float_params(params: PyTree) -> None:
-  """Raises TypeError naming the first parameter that is not a float (or
-  complex) array: an optimizer would turn a step counter 3 into 2.9 or 2."""
-  for names, leaf in paths.leaves_with_names(params)[0]:
-    dtype = np.result_type(leaf) if not hasattr(leaf, "dtype") else leaf.dtype
-    if not jnp.issubdtype(dtype, jnp.inexact):
-      raise TypeError(
-        f"the parameter at {'/' + '/'.join(names)!r} has dtype {np.dtype(dtype).name}; "
-        "optimizers update float (or complex) arrays only. Keep integer leaves (counters, "
-        "indices) out of the optimised tree, or leave them unselected: "
-        "opt_def.create(params, focus=lambda path, x: jnp.issubdtype(x.dtype, jnp.inexact)) "
-        "or a MultiOptimizer group that does not select them."
-      )
-
-
-def _first_container_difference(reference: PyTree, other: PyTree, what: str, path: str):
-  """The message for the first node where ``other`` is another kind of container
-  (a tuple where the parameters have a dict), or None."""
-  ref_hidden, other_hidden = paths.hidden_child(reference), paths.hidden_child(other)
-  if ref_hidden is not None or other_hidden is not None:
-    ref_child = ref_hidden[0] if ref_hidden is not None else reference
-    other_child = other_hidden[0] if other_hidden is not None else other
-    return _first_container_difference(ref_child, other_child, what, path)
-  ref_split, other_split = paths.children_with_keys(reference), paths.children_with_keys(other)
-  if ref_split is None or other_split is None or reference is None or other is None:
-    return None
-  if type(reference) is not type(other):
-    where = path or "/"
-    return (
-      f"{what} has a {type(other).__name__} at {where!r} where the parameters have a "
-      f"{type(reference).__name__}. Pass {what} in the parameters' structure: jax.grad of a "
-      "function of the parameters gives it."
-    )
-  others = {paths.key_name(k): child for k, child in other_split[0]}
-  for key, child in ref_split[0]:
-    name = paths.key_name(key)
-    if name in others:
-      found = _first_container_difference(child, others[name], what, f"{path}/{name}")
-      if found is not None:
-        return found
-  return None

@@ -24,8 +24,9 @@ import jax.numpy as jnp
 import optax
 
 from optcore._src import paths
-from optcore._src.base import OptimizerDef, OptimizerState, PyTree
+from optcore._src.base import OptimizerDef, PyTree
 from optcore._src.hyper_params import HyperParams
+from optcore._src.optimizer import OptimizerState
 from optcore._src.traversal import Selector, SelectorError, leaves_with_paths, selector_mask
 
 

@@ -384,7 +384,3 @@ class OptaxStatePartitionRules:
   @classmethod
   def register(cls, state_type: type, rule: Callable[..., Any]) -> None:
     register_state_rule(state_type, rule)
-
-
-# The built-in rules register themselves through register_state_rule.
-from optcore._src import optax_rules as _optax_rules  # noqa: E402, F401

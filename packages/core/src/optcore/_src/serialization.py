@@ -59,6 +59,81 @@ def drop_empty(state_dict: Any) -> Any:
   return out
 
 
+def optimizer_state_dict(target: Any, state: Any) -> dict[str, Any]:
+  """``{'target': ..., 'state': {'step': ..., 'param_states': ...}}``, Flax's layout."""
+  return {"target": to_state_dict(target), "state": to_state_dict(state)}
+
+
+def restore_optimizer_state(target: Any, state: Any, state_dict: Any) -> tuple[Any, Any]:
+  """Reads an optimizer state dict (exactly ``target`` and ``state``) into the
+  structure of ``target`` and ``state``; raises `StateDictError` naming the path."""
+  if not isinstance(state_dict, Mapping) or set(state_dict) != {"target", "state"}:
+    found = sorted(state_dict) if isinstance(state_dict, Mapping) else type(state_dict).__name__
+    raise StateDictError(
+      f"an optimizer state dict has exactly the keys ['state', 'target'], found {found}"
+    )
+  new_target = from_state_dict(target, state_dict["target"], root="target")
+  new_state = from_state_dict(state, state_dict["state"], root="state")
+  return new_target, new_state
+
+
+def state_only_dict(optimizer_def: Any, state: Any) -> dict[str, Any]:
+  """``{'state': {'step': ..., 'param_states': ...}}``: the state dict of a face that
+  does not hold the parameters, in the core's layout (the definition's own
+  `state_dict`, so optax's empty states are dropped where the core drops them).
+
+  A ``state.step`` of None (a face that keeps no step of its own, with no
+  optax ``count`` to read it from) is left out: ``{'state': {'param_states': ...}}``.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> import optcore
+    >>> opt_def = optcore.sgd(0.1, momentum=0.9)
+    >>> state = opt_def.init_state({'w': jnp.zeros(2)})
+    >>> state_dict = optcore.adapter.state_dict(opt_def, state)
+    >>> sorted(state_dict['state']), state_dict['state']['param_states']['0']['trace']
+    (['param_states', 'step'], {'w': Array([0., 0.], dtype=float32)})
+  """
+  step = state.step
+  full = state if step is not None else state.replace(step=np.zeros((), np.int32))
+  written = optimizer_def.state_dict(None, full)["state"]
+  if step is None:
+    del written["step"]
+  return {"state": written}
+
+
+def restore_state_only(optimizer_def: Any, state: Any, state_dict: Any) -> Any:
+  """``state`` with the values of ``state_dict['state']`` (`state_dict`'s layout,
+  or a core or Flax optimizer's, whose ``'target'`` is ignored: the face holds
+  no parameters). Raises `StateDictError` naming the path; ``state`` is untouched.
+
+  Where ``state.step`` is None (the face keeps no step), a ``'step'`` in the
+  state dict is optional and ignored, and the result's step is None.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> import optcore
+    >>> opt_def = optcore.sgd(0.1, momentum=0.9)
+    >>> params = {'w': jnp.zeros(2)}
+    >>> saved = optcore.adam(0.1).create(params).state_dict()
+    >>> optcore.adapter.restore_state(opt_def, opt_def.init_state(params), saved)
+    Traceback (most recent call last):
+    ...
+    optcore.StateDictError: at 'state/param_states/0': ...
+  """
+  if not isinstance(state_dict, Mapping) or "state" not in state_dict:
+    found = sorted(state_dict) if isinstance(state_dict, Mapping) else type(state_dict).__name__
+    raise StateDictError(f"expected a dict with a 'state' key, found {found}")
+  given = state_dict["state"]
+  reference = state
+  if state.step is None:  # no step kept here: whatever step was written is not read
+    reference = state.replace(step=np.zeros((), np.int32))
+    if isinstance(given, Mapping):
+      given = {**given, "step": reference.step}
+  _, restored = optimizer_def.restore_state(None, reference, {"target": None, "state": given})
+  return restored if state.step is not None else restored.replace(step=None)
+
+
 def from_state_dict(reference: Any, state_dict: Any, *, root: str = "") -> Any:
   """Reads ``state_dict`` back into the structure of ``reference``.
 
@@ -189,7 +264,15 @@ def _wrap_key_data(ref: Any, value: Any, path: str) -> Any:
 
 
 def key_data_for_export(tree: Any) -> Any:
-  """``tree`` with typed PRNG key arrays as their key data, for formats without them."""
+  """``tree`` with typed PRNG key arrays as their key data, for formats without
+  them (msgpack); `from_state_dict` reads key data back into a key.
+
+  Example:
+    >>> import jax
+    >>> import optcore
+    >>> optcore.adapter.key_data_for_export({'key': jax.random.key(0)})['key'].dtype
+    dtype('uint32')
+  """
   return jax.tree.map(lambda x: jax.random.key_data(x) if _is_key(x) else x, tree)
 
 

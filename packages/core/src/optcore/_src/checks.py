@@ -1,0 +1,147 @@
+"""Checks of what a step is given: gradients that fit the parameters, a learning
+rate, float parameters. Each raises an error naming the path and the fix."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from optcore._src import paths
+
+PyTree = Any
+
+
+class TreeMismatchError(ValueError):
+  """Two trees that should have the same structure do not."""
+
+
+TreeMismatchError.__module__ = "optcore"
+
+
+def check_same_structure(reference: PyTree, other: PyTree, what: str) -> None:
+  """Raises `TreeMismatchError` naming the first path where ``other`` differs."""
+  if jax.tree.structure(reference) == jax.tree.structure(other):
+    return
+  container = _first_container_difference(reference, other, what, "")
+  if container is not None:
+    raise TreeMismatchError(container)
+  named = lambda tree: {
+    "/" + "/".join(names): leaf for names, leaf in paths.leaves_with_names(tree, keep_none=True)[0]
+  }
+  ref_by_path, other_by_path = named(reference), named(other)
+  for name, leaf in ref_by_path.items():
+    if leaf is None:
+      continue
+    if name not in other_by_path:
+      raise TreeMismatchError(
+        f"{what} has no array at {name!r}, where the parameters have one. Give a gradient for "
+        f"every parameter (use jnp.zeros_like for a parameter that gets none)."
+      )
+    if other_by_path[name] is None:
+      raise TreeMismatchError(
+        f"{what} has None at {name!r}, where the parameters have an array. Replace None "
+        f"gradients with zeros (jnp.zeros_like(param)) or leave that parameter out of the "
+        f"optimised tree."
+      )
+  extra = sorted(set(other_by_path) - set(ref_by_path))
+  raise TreeMismatchError(
+    f"{what} does not have the structure of the parameters"
+    + (f": it has extra entries at {extra[:5]}" if extra else "")
+    + f". Expected {jax.tree.structure(reference)}, found {jax.tree.structure(other)}."
+  )
+
+
+def check_gradients(optimizer_def: Any, params: PyTree, grads: PyTree, what: str = "grads") -> None:
+  """Raises `TreeMismatchError` naming the path where ``grads`` do not fit
+  ``params``: another structure, a None or missing gradient, or a leaf of
+  another shape (a (2, 1) gradient for a (2,) parameter would broadcast
+  silently). Shapes are static, so under ``jit`` this costs nothing per step.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> import optcore
+    >>> params = {'b': jnp.zeros(2)}
+    >>> optcore.check_gradients(optcore.adam(1e-2), params, {'b': jnp.ones((2, 1))})
+    Traceback (most recent call last):
+    ...
+    optcore.TreeMismatchError: grads has shape (2, 1) at '/b', where the parameter has shape (2,)...
+  """
+  check_same_structure(params, grads, what)
+  per_example = optimizer_def.per_example_gradients
+  named, _ = paths.leaves_with_names(params)
+  for (names, param), grad in zip(named, jax.tree.leaves(grads), strict=True):
+    want, found = np.shape(param), np.shape(grad)
+    fits = found[1:] == want if per_example else found == want
+    if not fits:
+      expected = f"(examples, {', '.join(map(str, want))})" if per_example else str(want)
+      raise TreeMismatchError(
+        f"{what} has shape {found} at {'/' + '/'.join(names)!r}, where the parameter has shape "
+        f"{want}; expected a gradient of shape {expected}. Pass the gradient of the loss with "
+        "respect to this parameter (jax.grad gives each the parameter's shape)."
+      )
+
+
+class MissingHyperParameterError(ValueError, AssertionError):
+  """A step without a value the algorithm needs (a learning rate). An
+  AssertionError too: flax.optim's algorithms asserted ``'no learning rate provided.'``."""
+
+
+MissingHyperParameterError.__module__ = "optcore"
+
+
+def check_learning_rate(optimizer_def: Any, hyper_params: Any) -> None:
+  """Raises `MissingHyperParameterError` when this step's learning rate is None."""
+  if isinstance(hyper_params, Mapping) and hyper_params.get("learning_rate", 0) is None:
+    name = optimizer_def.display_name()
+    raise MissingHyperParameterError(
+      f"no learning rate provided. {name} was built without learning_rate: pass it to the "
+      f"constructor ({name}(learning_rate=0.1)) or to each step "
+      "(apply_gradient(grads, learning_rate=0.1))."
+    )
+
+
+def check_float_params(params: PyTree) -> None:
+  """Raises TypeError naming the first parameter that is not a float (or
+  complex) array: an optimizer would turn a step counter 3 into 2.9 or 2."""
+  for names, leaf in paths.leaves_with_names(params)[0]:
+    dtype = np.result_type(leaf) if not hasattr(leaf, "dtype") else leaf.dtype
+    if not jnp.issubdtype(dtype, jnp.inexact):
+      raise TypeError(
+        f"the parameter at {'/' + '/'.join(names)!r} has dtype {np.dtype(dtype).name}; "
+        "optimizers update float (or complex) arrays only. Keep integer leaves (counters, "
+        "indices) out of the optimised tree, or leave them unselected: "
+        "opt_def.create(params, focus=lambda path, x: jnp.issubdtype(x.dtype, jnp.inexact)) "
+        "or a MultiOptimizer group that does not select them."
+      )
+
+
+def _first_container_difference(reference: PyTree, other: PyTree, what: str, path: str):
+  """The message for the first node where ``other`` is another kind of container
+  (a tuple where the parameters have a dict), or None."""
+  ref_hidden, other_hidden = paths.hidden_child(reference), paths.hidden_child(other)
+  if ref_hidden is not None or other_hidden is not None:
+    ref_child = ref_hidden[0] if ref_hidden is not None else reference
+    other_child = other_hidden[0] if other_hidden is not None else other
+    return _first_container_difference(ref_child, other_child, what, path)
+  ref_split, other_split = paths.children_with_keys(reference), paths.children_with_keys(other)
+  if ref_split is None or other_split is None or reference is None or other is None:
+    return None
+  if type(reference) is not type(other):
+    where = path or "/"
+    return (
+      f"{what} has a {type(other).__name__} at {where!r} where the parameters have a "
+      f"{type(reference).__name__}. Pass {what} in the parameters' structure: jax.grad of a "
+      "function of the parameters gives it."
+    )
+  others = {paths.key_name(k): child for k, child in other_split[0]}
+  for key, child in ref_split[0]:
+    name = paths.key_name(key)
+    if name in others:
+      found = _first_container_difference(child, others[name], what, f"{path}/{name}")
+      if found is not None:
+        return found
+  return None

@@ -1,0 +1,80 @@
+"""optax's optimizer aliases as optcore definitions, one line each.
+
+Written out, not generated in a loop, so that IDEs and type checkers see
+``optcore.adam`` with optax's signature. `tests/core/test_aliases.py` checks
+this list against what the installed optax offers (`optax_alias_names`), so
+an optimizer that a new optax adds cannot be missed.
+"""
+
+import optax as _optax
+
+from optcore._src.optax_wrapper import wrap_optax_optimizer as _wrap
+
+adabelief = _wrap(_optax.adabelief, name="adabelief")
+adadelta = _wrap(_optax.adadelta, name="adadelta")
+adafactor = _wrap(_optax.adafactor, name="adafactor")
+adagrad = _wrap(_optax.adagrad, name="adagrad")
+adam = _wrap(_optax.adam, name="adam")
+adamax = _wrap(_optax.adamax, name="adamax")
+adamaxw = _wrap(_optax.adamaxw, name="adamaxw")
+adamw = _wrap(_optax.adamw, name="adamw")
+adan = _wrap(_optax.adan, name="adan")
+amsgrad = _wrap(_optax.amsgrad, name="amsgrad")
+fromage = _wrap(_optax.fromage, name="fromage")
+lamb = _wrap(_optax.lamb, name="lamb")
+lars = _wrap(_optax.lars, name="lars")
+lbfgs = _wrap(_optax.lbfgs, name="lbfgs")
+lion = _wrap(_optax.lion, name="lion")
+nadam = _wrap(_optax.nadam, name="nadam")
+nadamw = _wrap(_optax.nadamw, name="nadamw")
+noisy_sgd = _wrap(_optax.noisy_sgd, name="noisy_sgd")
+novograd = _wrap(_optax.novograd, name="novograd")
+polyak_sgd = _wrap(_optax.polyak_sgd, name="polyak_sgd")
+radam = _wrap(_optax.radam, name="radam")
+rmsprop = _wrap(_optax.rmsprop, name="rmsprop")
+rprop = _wrap(_optax.rprop, name="rprop")
+sgd = _wrap(_optax.sgd, name="sgd")
+sign_sgd = _wrap(_optax.sign_sgd, name="sign_sgd")
+signum = _wrap(_optax.signum, name="signum")
+sm3 = _wrap(_optax.sm3, name="sm3")
+yogi = _wrap(_optax.yogi, name="yogi")
+optimistic_gradient_descent = _wrap(
+  _optax.optimistic_gradient_descent, name="optimistic_gradient_descent"
+)
+optimistic_adam = _wrap(_optax.optimistic_adam, name="optimistic_adam")
+optimistic_adam_v2 = _wrap(_optax.optimistic_adam_v2, name="optimistic_adam_v2")
+
+#: The optax optimizer aliases wrapped here, in optax's order.
+OPTAX_ALIASES: tuple[str, ...] = (
+  "adabelief",
+  "adadelta",
+  "adafactor",
+  "adagrad",
+  "adam",
+  "adamax",
+  "adamaxw",
+  "adamw",
+  "adan",
+  "amsgrad",
+  "fromage",
+  "lamb",
+  "lars",
+  "lbfgs",
+  "lion",
+  "nadam",
+  "nadamw",
+  "noisy_sgd",
+  "novograd",
+  "polyak_sgd",
+  "radam",
+  "rmsprop",
+  "rprop",
+  "sgd",
+  "sign_sgd",
+  "signum",
+  "sm3",
+  "yogi",
+  "optimistic_gradient_descent",
+  "optimistic_adam",
+  "optimistic_adam_v2",
+)

@@ -1,0 +1,160 @@
+"""The optimizer's state and the immutable Optimizer container (flax.optim's and T5X's).
+
+An `OptimizerState` holds the step and the per-parameter state; an `Optimizer`
+ties a definition, a state and the parameters (the target) together. Both are
+pytrees that pass through `jax.jit`; the definition is static data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Generic, TypeVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec
+
+from optcore._src.step import apply_step
+
+PyTree = Any
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerState:
+  """The state of an optimizer: the step count and the per-parameter states.
+
+  Attributes:
+    step: int32 scalar, the number of updates applied so far.
+    param_states: for a per-parameter definition, a tree shaped like the
+      parameters; for a wrapped optax optimizer, the optax state as optax
+      lays it out.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> import optcore
+    >>> state = optcore.sgd(0.1, momentum=0.9).init_state({'w': jnp.zeros(2)})
+    >>> int(state.step), type(state.param_states[0]).__name__
+    (0, 'TraceState')
+    >>> state.replace(step=state.step + 1).step
+    Array(1, dtype=int32)
+  """
+
+  step: jax.Array
+  param_states: PyTree
+
+  def replace(self, **changes: Any) -> OptimizerState:
+    return dataclasses.replace(self, **changes)
+
+
+jax.tree_util.register_dataclass(
+  OptimizerState, data_fields=["step", "param_states"], meta_fields=[]
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Optimizer(Generic[T]):
+  """An optimizer definition bound to its target (the parameters) and state.
+
+  Immutable: `apply_gradient` and `restore_state` return a new Optimizer. A
+  pytree whose leaves are the state and the target; the definition is static.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> import optcore
+    >>> opt = optcore.sgd(learning_rate=0.1).create({'w': jnp.ones(3)})
+    >>> step = jax.jit(lambda opt, g, lr: opt.apply_gradient(g, learning_rate=lr))
+    >>> opt = step(opt, {'w': jnp.ones(3)}, 0.5)
+    >>> opt.target['w']
+    Array([0.5, 0.5, 0.5], dtype=float32)
+  """
+
+  optimizer_def: Any  # an OptimizerDef (defined on top of this module)
+  state: OptimizerState
+  target: T
+
+  def apply_gradient(
+    self,
+    grads: PyTree,
+    *,
+    extra_args: Mapping[str, Any] | None = None,
+    **hyper_param_overrides: Any,
+  ) -> Optimizer[T]:
+    """Applies one update with ``grads``; returns the new Optimizer.
+
+    Args:
+      grads: gradients in the structure of ``target``.
+      extra_args: keyword arguments for the optax update of
+        ``GradientTransformationExtraArgs`` optimizers (``value=loss`` for
+        polyak_sgd, ``value``/``grad``/``value_fn`` for lbfgs, ...).
+      **hyper_param_overrides: hyper-parameter values for this step only,
+        e.g. ``learning_rate=lr``; traced values do not cause recompiles.
+    """
+    new_target, new_state = apply_step(
+      self.optimizer_def,
+      self.target,
+      self.state,
+      grads,
+      extra_args=extra_args,
+      **hyper_param_overrides,
+    )
+    return self.replace(target=new_target, state=new_state)
+
+  def compute_gradient(self, loss_fn: Callable[[T], Any]) -> tuple:
+    """flax.optim's helper: ``(loss, grad)`` of ``loss_fn(target)``, or
+    ``(loss, aux, grad)`` when it returns ``(loss, aux)``."""
+
+    def wrapped(target):
+      out = loss_fn(target)
+      return (out[0], tuple(out[1:])) if isinstance(out, (tuple, list)) else (out, None)
+
+    (loss, aux), grad = jax.value_and_grad(wrapped, has_aux=True)(self.target)
+    if aux is None:
+      return loss, grad
+    return (loss, *aux, grad)
+
+  compute_gradients = compute_gradient
+
+  def optimize(self, loss_fn: Callable[[T], Any], **hyper_param_overrides: Any) -> tuple:
+    """flax.optim's deprecated one-call step: ``(new_optimizer, loss[, aux])``,
+    the loss computed before the update."""
+    warnings.warn(
+      "Optimizer.optimize() is deprecated (as in flax.optim): compute the gradient with "
+      "jax.grad or Optimizer.compute_gradient and call apply_gradient.",
+      DeprecationWarning,
+      stacklevel=2,
+    )
+    *outputs, grad = self.compute_gradient(loss_fn)
+    return (self.apply_gradient(grad, **hyper_param_overrides), *outputs)
+
+  def replicate(self, devices: Sequence[Any] | None = None) -> Optimizer[T]:
+    """A copy with a leading device axis, for ``jax.pmap`` (flax.optim's)."""
+    devices = list(devices or jax.local_devices())
+    mesh = jax.sharding.Mesh(np.array(devices), ("replica",))
+    sharding = jax.sharding.NamedSharding(mesh, PartitionSpec("replica"))
+    copies = lambda x: jnp.broadcast_to(x, (len(devices), *jnp.shape(x)))
+    return jax.tree.map(lambda x: jax.device_put(copies(x), sharding), self)
+
+  def unreplicate(self) -> Optimizer[T]:
+    """The first device's copy of a replicated optimizer."""
+    return jax.tree.map(lambda x: x[0], self)
+
+  def state_dict(self) -> dict[str, Any]:
+    """The state dict in Flax's layout: ``{'target': ..., 'state': ...}``."""
+    return self.optimizer_def.state_dict(self.target, self.state)
+
+  def restore_state(self, state_dict: Mapping[str, Any]) -> Optimizer[T]:
+    """A new Optimizer holding what ``state_dict`` holds; this one is untouched."""
+    target, state = self.optimizer_def.restore_state(self.target, self.state, state_dict)
+    return self.replace(target=target, state=state)
+
+  def replace(self, **changes: Any) -> Optimizer[T]:
+    return dataclasses.replace(self, **changes)
+
+
+jax.tree_util.register_dataclass(
+  Optimizer, data_fields=["state", "target"], meta_fields=["optimizer_def"]
+)

@@ -1,0 +1,294 @@
+"""Per-step hyper-parameter overrides: which are accepted, where they go, which are refused.
+
+Every face resolves overrides here, through its definition's
+`update_hyper_params`, so an override is honoured or refused the same way in
+the core, Flax, Equinox and Treex faces:
+
+- `resolve`: ``hyper_params=`` replaces all, a keyword replaces one; an
+  unknown name is a TypeError, a value that does not fit (None, a string, a
+  non-finite number, another shape) is refused by `check_override`, and a
+  constructor-only one warns that it changes nothing;
+- `reachable_names` / `route`: an override reaches the wrapped optax
+  factories among a factory's arguments (``chain([adamw(...)])``);
+- `check_state_effect`: for a wrapped optax factory, an override that would
+  change the state's layout, or that only enters the initial state (rprop's
+  learning rate), is refused. Checked once per override signature.
+"""
+
+from __future__ import annotations
+
+import collections
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from optcore._src import paths
+from optcore._src.hyper_params import HyperParams, is_numeric, static_key
+
+PyTree = Any
+_TracerErrors = (
+  jax.errors.ConcretizationTypeError,
+  jax.errors.TracerBoolConversionError,
+  jax.errors.TracerIntegerConversionError,
+)
+_CHECK_CACHE_SIZE = 256
+# Override signatures already checked, per definition, oldest first: a jitted step
+# retraces with the same avals, and the check (a make_jaxpr of init) need not rerun.
+_CHECKED: collections.OrderedDict = collections.OrderedDict()
+
+
+def resolve(optimizer_def: Any, **hyper_param_overrides: Any) -> HyperParams:
+  """`OptimizerDef.update_hyper_params`: the hyper-parameters for one step."""
+  hyper_params = hyper_param_overrides.pop("hyper_params", optimizer_def.hyper_params)
+  ignored = sorted(set(hyper_param_overrides) & set(optimizer_def.constructor_only))
+  if ignored:
+    warnings.warn(
+      f"{optimizer_def.display_name()}: the override(s) {ignored} have no effect: the original "
+      f"algorithm reads them from the constructor only, and so does optcore, to keep its "
+      f"numbers. Build a new definition with {ignored[0]}=... to change it.",
+      UserWarning,
+      stacklevel=5,  # the user's apply_gradient / update call
+    )
+  if hyper_param_overrides:
+    try:
+      replaced = hyper_params.replace(**hyper_param_overrides)
+    except TypeError as e:
+      raise TypeError(f"{optimizer_def!r}: {e}") from None
+    for name, value in hyper_param_overrides.items():
+      check_override(optimizer_def.display_name(), name, hyper_params[name], value)
+    hyper_params = replaced
+  return hyper_params
+
+
+def _is_nested(value: Any) -> bool:
+  """A wrapped optax factory (``optcore.adamw(...)``) among a factory's arguments."""
+  return getattr(value, "factory", None) is not None and hasattr(value, "with_hyper_params")
+
+
+def _items(value: Any) -> tuple:
+  return tuple(value) if isinstance(value, (list, tuple)) else (value,)
+
+
+def reachable_names(hyper_params: HyperParams) -> set[str]:
+  """The hyper-parameter names of the wrapped factories among ``hyper_params``."""
+  names: set[str] = set()
+  for value in hyper_params.values():
+    for item in _items(value):
+      if _is_nested(item):
+        names |= set(item.hyper_params) | reachable_names(item.hyper_params)
+  return names
+
+
+def route(value: Any, overrides: Mapping[str, Any]) -> Any:
+  """``value`` with the overrides its wrapped factories take applied to them."""
+  if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+    return type(value)(route(v, overrides) for v in value)
+  if _is_nested(value):
+    reachable = set(value.hyper_params) | reachable_names(value.hyper_params)
+    applicable = {k: v for k, v in overrides.items() if k in reachable}
+    if applicable:
+      return value.with_hyper_params(value.update_hyper_params(**applicable))
+  return value
+
+
+def changed(base: HyperParams, new: HyperParams) -> dict[str, Any]:
+  """The entries of ``new`` that differ from ``base``."""
+  if new is base:
+    return {}
+  return {k: v for k, v in new.items() if static_key(v) != static_key(base[k])}
+
+
+def guarded(name: str, changed: Mapping[str, Any], fn: Callable[..., Any], *args, **kwargs) -> Any:
+  """Calls ``fn``; a tracer error caused by overridden values gets a clear message."""
+  try:
+    return fn(*args, **kwargs)
+  except _TracerErrors as e:
+    if not changed:
+      raise
+    raise TypeError(
+      f"{name}: overriding {sorted(changed)} with a traced value failed, because the "
+      "optax code branches on that value in Python. Pass a Python number (not a jax array) "
+      "for it, or create the optimizer with that value."
+    ) from e
+
+
+def check_state_effect(
+  wrapper: Any, changed: dict[str, Any], params: PyTree, opt_state: PyTree
+) -> None:
+  """Refuses overrides of a wrapped optax factory that would change the state's
+  layout or that only enter the initial state. ``wrapper`` has
+  ``transformation_for(hyper_params)``."""
+  traced = {k: v for k, v in changed.items() if is_numeric(v)}
+  try:
+    _check_layout_and_init_use(wrapper, changed, traced, params, opt_state)
+  except TypeError:
+    # optax branches on a value in Python: concrete values may still go in
+    # as constants (only the layout can be checked then); traced ones cannot.
+    if any(isinstance(v, jax.core.Tracer) for v in traced.values()):
+      raise
+    _check_layout_and_init_use(wrapper, changed, {}, params, opt_state)
+
+
+def _check_layout_and_init_use(
+  wrapper: Any, changed: dict[str, Any], traced: dict[str, Any], params: PyTree, opt_state: PyTree
+) -> None:
+  name = wrapper.display_name()
+  static = {k: v for k, v in changed.items() if k not in traced}
+  key = (
+    wrapper,
+    tuple(sorted((k, _aval(v)) for k, v in traced.items())),
+    tuple(sorted((k, static_key(v)) for k, v in static.items())),
+    jax.tree.structure(params),
+    tuple(_aval(x) for x in jax.tree.leaves(params)),
+  )
+  if key in _CHECKED:
+    _CHECKED.move_to_end(key)
+    return
+  params_avals = jax.tree.map(_aval, params)
+
+  def init_with(traced_values: dict[str, Any], params: PyTree) -> PyTree:
+    hyper_params = wrapper.hyper_params.replace(**static, **traced_values)
+    return wrapper.transformation_for(hyper_params).init(params)
+
+  traced_avals = {k: _aval(v) for k, v in traced.items()}
+  closed, out_shape = guarded(
+    name, changed, jax.make_jaxpr(init_with, return_shape=True), traced_avals, params_avals
+  )
+  _check_state_layout(name, changed, out_shape, opt_state)
+  in_init = _inputs_used(closed.jaxpr, len(jax.tree.leaves(traced_avals)))
+  names = [k for k, _ in sorted(traced.items())]
+  init_only = [n for n, used in zip(names, in_init, strict=True) if used]
+  if init_only:
+    raise ValueError(
+      f"{name}: the hyper-parameter(s) {init_only} set the optimizer's initial state "
+      "(its state is built from them at init), so an override at apply time cannot take "
+      f"effect. Create the optimizer with the value you want instead: {name}("
+      + ", ".join(f"{n}=..." for n in init_only)
+      + ")."
+    )
+  _CHECKED[key] = True
+  if len(_CHECKED) > _CHECK_CACHE_SIZE:
+    _CHECKED.popitem(last=False)
+
+
+def _aval(x: Any) -> jax.ShapeDtypeStruct:
+  # Keep weak types: a Python float must promote in the check as it does in the step.
+  aval = jax.typeof(x)
+  return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
+
+
+def _inputs_used(jaxpr: Any, n: int) -> list[bool]:
+  """Whether each of the first ``n`` inputs of ``jaxpr`` reaches an output.
+
+  A backward liveness pass: values computed and dropped (optax builds
+  ``-learning_rate`` in the factory even where init never reads it) do not
+  count. An equation with a live output keeps all its inputs live.
+  """
+  live = {id(v) for v in jaxpr.outvars}
+  for eqn in reversed(jaxpr.eqns):
+    if eqn.effects or any(id(v) in live for v in eqn.outvars):
+      live.update(id(v) for v in eqn.invars)
+  return [id(v) in live for v in jaxpr.invars[:n]]
+
+
+def _check_state_layout(
+  name: str, changed: Mapping[str, Any], new_shapes: PyTree, opt_state: PyTree
+) -> None:
+  expected = jax.tree_util.tree_flatten_with_path(opt_state)[0]
+  found = jax.tree_util.tree_flatten_with_path(new_shapes)[0]
+  if jax.tree.structure(opt_state) == jax.tree.structure(new_shapes):
+    mismatch = [
+      (p, e, f)
+      for (p, e), (_, f) in zip(expected, found, strict=True)
+      if (jnp.shape(e), jnp.result_type(e)) != (f.shape, f.dtype)
+    ]
+    if not mismatch:
+      return
+    p, e, f = mismatch[0]
+    detail = (
+      f"at {paths.path_str(p)!r} the state holds shape {jnp.shape(e)} {jnp.result_type(e)}, "
+      f"the override would need {f.shape} {f.dtype}"
+    )
+  else:
+    detail = (
+      f"the state would change from {jax.tree.structure(opt_state)} "
+      f"to {jax.tree.structure(new_shapes)}"
+    )
+  raise ValueError(
+    f"{name}: overriding {sorted(changed)} would change the optimizer state's layout "
+    f"({detail}). Overrides last one step and cannot add or reshape state; create the "
+    "optimizer with that setting instead (for example optcore.sgd(lr, momentum=0.9) rather "
+    "than overriding momentum)."
+  )
+
+
+def check_override(owner: str, name: str, current: Any, value: Any) -> None:
+  """Raises TypeError or ValueError, naming ``name``, for an override value that
+  does not fit the hyper-parameter (``owner`` names the definition).
+
+  A number (or a scalar array) takes a number, a scalar array (traced or not)
+  or a schedule; never None (optax reads it as "no scaling"), a string, a bool
+  or an array of another shape. A flag takes a bool. Other values (schedules,
+  masks, dtypes, lists of transformations) are not checked.
+
+  Example:
+    >>> from optcore._src.overrides import check_override
+    >>> check_override('adam', 'learning_rate', 1e-3, '1e-3')
+    Traceback (most recent call last):
+    ...
+    TypeError: adam: the override learning_rate='1e-3' is a str; learning_rate takes a number ...
+  """
+  if isinstance(current, bool) or (_is_array(current) and _dtype_kind(current) == "b"):
+    if not (isinstance(value, bool) or (_is_array(value) and _dtype_kind(value) == "b")):
+      raise TypeError(
+        f"{owner}: the override {name}={value!r} is a {type(value).__name__}; {name} is a flag "
+        f"and takes True or False."
+      )
+    return
+  if not is_numeric(current):
+    return
+  if value is None:
+    raise ValueError(
+      f"{owner}: the override {name}=None is refused: the optimizer was built with "
+      f"{name}={current!r}, and None would mean something else (for a learning rate in "
+      f"optax: no scaling at all, a step of the raw gradient). Pass a number, or leave "
+      f"{name} out to keep {current!r}."
+    )
+  if callable(value) and not _is_array(value):
+    return  # a schedule of the step count, as optax takes
+  if isinstance(value, bool) or not (is_numeric(value) or _is_array(value)):
+    raise TypeError(
+      f"{owner}: the override {name}={value!r} is a {type(value).__name__}; {name} takes a "
+      f"number or a scalar array (traced values included), e.g. {name}={current!r}."
+    )
+  if _dtype_kind(value) not in "iufc":
+    raise TypeError(
+      f"{owner}: the override {name} has dtype {value.dtype}; {name} takes a number or a "
+      "scalar array of numbers."
+    )
+  if not isinstance(value, jax.core.Tracer) and not np.all(np.isfinite(np.asarray(value))):
+    raise ValueError(
+      f"{owner}: the override {name}={value!r} is not finite; every parameter it touches "
+      "would become NaN or infinite. Check the schedule or value that produced it."
+    )
+  want = tuple(getattr(current, "shape", ()))
+  if tuple(getattr(value, "shape", ())) != want:
+    raise ValueError(
+      f"{owner}: the override {name} has shape {tuple(value.shape)}; {name} takes "
+      + ("a scalar" if not want else f"shape {want}")
+      + " (one value for every parameter; a per-parameter value would broadcast silently)."
+    )
+
+
+def _is_array(x: Any) -> bool:
+  return hasattr(x, "shape") and hasattr(x, "dtype")
+
+
+def _dtype_kind(x: Any) -> str:
+  if _is_array(x):
+    return np.dtype(x.dtype).kind
+  return np.asarray(x).dtype.kind

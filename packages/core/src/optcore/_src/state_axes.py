@@ -1,0 +1,151 @@
+"""The logical axes and shardings of an optimizer's state, from the parameters' axes.
+
+The functions behind `OptimizerDef.derive_logical_axes`, `derive_shardings`
+and `create_sharded`, and behind every adapter's shardings. What a definition
+knows about its own state (which leaves are parameter-shaped, which factored)
+stays in its ``derive_param_states_axes`` hook; everything else is here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+from jax.sharding import Mesh, PartitionSpec
+
+from optcore._src import partition_rules, sharding
+from optcore._src.optimizer import Optimizer, OptimizerState
+
+PyTree = Any
+LogicalAxisRules = Sequence[tuple[str, Any]]
+
+
+def state_logical_axes(
+  optimizer_def: Any, state: OptimizerState, params: PyTree, param_axes: PyTree
+) -> OptimizerState:
+  """``state``'s structure with a `PartitionSpec` at every leaf (the step replicated).
+
+  ``param_axes`` has one spec (or tuple of names, or None) per parameter;
+  ``state`` and ``params`` may be abstract (``jax.eval_shape``).
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from jax.sharding import PartitionSpec as P
+    >>> import optcore
+    >>> params = {'w': jnp.zeros((4, 2))}
+    >>> opt_def = optcore.adam(1e-3)
+    >>> axes = optcore.adapter.state_logical_axes(
+    ...     opt_def, opt_def.init_state(params), params, {'w': P('embed', 'mlp')})
+    >>> axes.param_states[0].nu == {'w': P('embed', 'mlp')}, axes.step == P()
+    (True, True)
+  """
+  axes = partition_rules.normalize_param_axes(params, param_axes)
+  state_axes = optimizer_def.derive_param_states_axes(state.param_states, params, axes)
+  return OptimizerState(PartitionSpec(), state_axes)
+
+
+def state_shardings(
+  optimizer_def: Any,
+  state: OptimizerState,
+  params: PyTree,
+  param_axes: PyTree,
+  mesh: Mesh,
+  logical_axis_rules: LogicalAxisRules | None = None,
+) -> OptimizerState:
+  """``state``'s structure with a `NamedSharding` on ``mesh`` at every leaf: the
+  axes of `state_logical_axes` mapped by ``logical_axis_rules`` (None: the
+  axes name mesh axes already). Raises `PartitionRuleError` naming the first
+  leaf whose dimension the mesh does not divide.
+
+  Example:
+    >>> import jax, jax.numpy as jnp, numpy as np
+    >>> from jax.sharding import Mesh, PartitionSpec as P
+    >>> import optcore
+    >>> mesh = Mesh(np.array(jax.devices()[:1]), ('model',))
+    >>> params = {'w': jnp.zeros((4, 2))}
+    >>> opt_def = optcore.adam(1e-3)
+    >>> shardings = optcore.adapter.state_shardings(
+    ...     opt_def, opt_def.init_state(params), params, {'w': P('embed', 'mlp')}, mesh,
+    ...     [('mlp', 'model')])
+    >>> shardings.param_states[0].mu['w'].spec == P(None, 'model')
+    True
+  """
+  axes = state_logical_axes(optimizer_def, state, params, param_axes)
+  shardings = sharding.logical_to_mesh_sharding(axes, mesh, logical_axis_rules)
+  sharding.check_divisible(state, shardings)  # named here, not in device_put's error
+  return shardings
+
+
+def optimizer_logical_axes(
+  optimizer_def: Any, optimizer: Optimizer, param_logical_axes: PyTree
+) -> Optimizer:
+  """`OptimizerDef.derive_logical_axes`: an Optimizer of specs, the target's padded to full rank."""
+  axes = partition_rules.normalize_param_axes(optimizer.target, param_logical_axes)
+  state = state_logical_axes(optimizer_def, optimizer.state, optimizer.target, axes)
+  return Optimizer(optimizer_def, state, axes)
+
+
+def optimizer_shardings(
+  optimizer_def: Any,
+  optimizer: Optimizer,
+  param_logical_axes: PyTree,
+  mesh: Mesh,
+  logical_axis_rules: LogicalAxisRules | None = None,
+) -> Optimizer:
+  """`OptimizerDef.derive_shardings`: an Optimizer of `NamedSharding`s, divisibility checked."""
+  axes = optimizer_logical_axes(optimizer_def, optimizer, param_logical_axes)
+  shardings = sharding.logical_to_mesh_sharding(axes, mesh, logical_axis_rules)
+  sharding.check_divisible(optimizer, shardings)
+  return shardings
+
+
+def create_sharded(
+  optimizer_def: Any,
+  target: PyTree,
+  param_logical_axes: PyTree,
+  mesh: Mesh,
+  logical_axis_rules: LogicalAxisRules | None = None,
+) -> Optimizer:
+  """`OptimizerDef.create_sharded`: ``create`` jitted with the derived ``out_shardings``."""
+  abstract = jax.eval_shape(optimizer_def.create, target)
+  shardings = optimizer_def.derive_shardings(abstract, param_logical_axes, mesh, logical_axis_rules)
+  return jax.jit(optimizer_def.create, out_shardings=shardings)(target)
+
+
+def per_parameter_states_axes(
+  optimizer_def: Any, param_states: PyTree, params: PyTree, params_axes: PyTree
+) -> PyTree:
+  """The axes of a per-parameter state tree: each parameter's state is passed
+  to the definition's ``derive_param_state_axes``."""
+  treedef = jax.tree.structure(params)
+  per_param = [
+    optimizer_def.derive_param_state_axes(param, spec, state)
+    for param, spec, state in zip(
+      jax.tree.leaves(params),
+      treedef.flatten_up_to(params_axes),
+      treedef.flatten_up_to(param_states),
+      strict=True,
+    )
+  ]
+  return treedef.unflatten(per_param)
+
+
+def parameter_or_scalar_axes(
+  optimizer_def: Any, param: Any, param_axes: PartitionSpec, state: PyTree
+) -> PyTree:
+  """One parameter's state axes: a parameter-shaped leaf gets ``param_axes``, a
+  scalar is replicated, any other leaf raises (the definition must say)."""
+
+  def leaf_axes(leaf: Any) -> PartitionSpec:
+    if tuple(leaf.shape) == tuple(param.shape):
+      return param_axes
+    if not leaf.shape:
+      return PartitionSpec()
+    raise partition_rules.PartitionRuleError(
+      f"{optimizer_def!r}: a state leaf of shape {tuple(leaf.shape)} for a parameter of shape "
+      f"{tuple(param.shape)} is neither parameter-shaped nor a scalar; override "
+      f"{type(optimizer_def).__name__}.derive_param_state_axes to say which axes it keeps."
+    )
+
+  return jax.tree.map(leaf_axes, state)

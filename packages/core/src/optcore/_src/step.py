@@ -1,0 +1,50 @@
+"""One optimizer step, as every face takes it: the checks, the hyper-parameters
+for this step (every override refusal included), then the update."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from optcore._src.checks import check_gradients
+
+PyTree = Any
+
+
+def apply_step(
+  optimizer_def: Any,
+  params: PyTree | None,
+  state: Any,
+  grads: PyTree,
+  *,
+  extra_args: Mapping[str, Any] | None = None,
+  apply_updates: bool = True,
+  **hyper_param_overrides: Any,
+) -> tuple[PyTree, Any]:
+  """One step of ``optimizer_def``: ``(new_params, new_state)``, or with
+  ``apply_updates=False`` ``(updates, new_state)`` in optax's sense.
+
+  ``grads`` are checked against ``params`` (structure, None, shapes) first,
+  then ``hyper_param_overrides`` are resolved by the definition's
+  `update_hyper_params` (which refuses what cannot take effect), then the
+  update runs. Every face calls this, so all refuse the same inputs with the
+  same errors.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> import optcore
+    >>> opt_def = optcore.sgd(0.1)
+    >>> params = {'w': jnp.ones(2)}
+    >>> state = opt_def.init_state(params)
+    >>> new_params, state = optcore.adapter.step(
+    ...     opt_def, params, state, {'w': jnp.ones(2)}, learning_rate=0.5)
+    >>> new_params['w'], int(state.step)
+    (Array([0.5, 0.5], dtype=float32), 1)
+  """
+  if params is not None:
+    check_gradients(optimizer_def, params, grads)
+  elif apply_updates:
+    raise ValueError("params must be provided if apply_updates is True")
+  hyper_params = optimizer_def.update_hyper_params(**hyper_param_overrides)
+  update = optimizer_def.apply_gradient if apply_updates else optimizer_def.compute_updates
+  return update(hyper_params, params, state, grads, **(extra_args or {}))

@@ -1,0 +1,51 @@
+"""What a framework adapter builds on: one step, state dicts, shardings.
+
+An adapter (optcore's Flax, Equinox and Treex faces, or your own for another
+framework) translates its framework's objects to parameters, a state and
+gradients, and calls these functions; it computes nothing itself. So every
+face checks the same inputs, honours or refuses the same overrides with the
+same errors, and writes the same state dicts.
+
+- `as_definition`: an optcore definition or an optax transformation, as a definition.
+- `step`: the gradient checks, the hyper-parameters for this step (every
+  override refusal included), and the update (new parameters, or optax-style
+  updates with ``apply_updates=False``).
+- `state_dict` / `restore_state`: the state alone, ``{'state': {'step',
+  'param_states'}}``, readable by every face (a core or Flax optimizer's
+  ``'target'`` is ignored on restore).
+- `state_logical_axes` / `state_shardings`: the state's axes and
+  `NamedSharding`s from the parameters' axes.
+- `key_data_for_export`: typed PRNG keys as key data, for formats without
+  them (msgpack).
+
+See "Writing an adapter" in the README for the Treex face as a worked example.
+
+Example:
+  >>> import jax, jax.numpy as jnp
+  >>> import optcore
+  >>> from optcore import adapter
+  >>> opt_def = adapter.as_definition(optcore.sgd(0.1, momentum=0.9), 'my face')
+  >>> params = {'w': jnp.ones(2)}
+  >>> state = opt_def.init_state(params)
+  >>> params, state = adapter.step(opt_def, params, state, {'w': jnp.ones(2)}, learning_rate=0.5)
+  >>> params['w'], sorted(adapter.state_dict(opt_def, state)['state'])
+  (Array([0.5, 0.5], dtype=float32), ['param_states', 'step'])
+"""
+
+from optcore._src.optax_wrapper import as_definition as as_definition
+from optcore._src.serialization import key_data_for_export as key_data_for_export
+from optcore._src.serialization import restore_state_only as restore_state
+from optcore._src.serialization import state_only_dict as state_dict
+from optcore._src.state_axes import state_logical_axes as state_logical_axes
+from optcore._src.state_axes import state_shardings as state_shardings
+from optcore._src.step import apply_step as step
+
+__all__ = [
+  "as_definition",
+  "key_data_for_export",
+  "restore_state",
+  "state_dict",
+  "state_logical_axes",
+  "state_shardings",
+  "step",
+]

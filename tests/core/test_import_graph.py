@@ -1,0 +1,124 @@
+"""The core's import graph: acyclic but for flax.optim's own ``focus`` pair, no
+function-level import without a comment saying why, and adapters that use
+only public optcore names."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import optcore
+
+CORE = Path(optcore.__file__).parent
+ADAPTERS = Path(__file__).parents[2] / "packages"
+
+
+def module_name(path: Path) -> str:
+  parts = path.relative_to(CORE.parent).with_suffix("").parts
+  return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in CORE.rglob("*.py")}
+
+
+def imported(node: ast.Import | ast.ImportFrom) -> list[str]:
+  """The optcore modules an import statement loads (a name that is a module counts as one)."""
+  if isinstance(node, ast.Import):
+    return [a.name for a in node.names if a.name.split(".")[0] == "optcore"]
+  if not node.module or node.module.split(".")[0] != "optcore":
+    return []
+  return [
+    f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in MODULES else node.module
+    for a in node.names
+  ]
+
+
+def module_level_imports(tree: ast.Module) -> set[str]:
+  found: set[str] = set()
+  for node in tree.body:
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+      found.update(imported(node))
+  return found
+
+
+def function_level_imports(tree: ast.Module) -> list[ast.stmt]:
+  inside = []
+  for fn in ast.walk(tree):
+    if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+      for node in ast.walk(fn):
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and imported(node):
+          inside.append(node)
+  return inside
+
+
+def graph() -> dict[str, set[str]]:
+  return {
+    name: module_level_imports(ast.parse(path.read_text())) - {name}
+    for name, path in MODULES.items()
+  }
+
+
+def cycles(edges: dict[str, set[str]]) -> list[set[str]]:
+  """The strongly connected components with more than one module (Tarjan)."""
+  index: dict[str, int] = {}
+  low: dict[str, int] = {}
+  stack: list[str] = []
+  found: list[set[str]] = []
+
+  def visit(v: str) -> None:
+    index[v] = low[v] = len(index)
+    stack.append(v)
+    for w in edges.get(v, ()):
+      if w not in index:
+        visit(w)
+        low[v] = min(low[v], low[w])
+      elif w in stack:
+        low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+      component = set()
+      while True:
+        w = stack.pop()
+        component.add(w)
+        if w == v:
+          break
+      if len(component) > 1:
+        found.append(component)
+
+  for v in edges:
+    if v not in index:
+      visit(v)
+  return found
+
+
+def test_the_core_has_no_import_cycle():
+  assert cycles(graph()) == []
+
+
+def test_the_cycle_finder_finds_a_cycle():
+  assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
+  edges = graph()
+  edges["optcore._src.paths"] = edges["optcore._src.paths"] | {"optcore._src.base"}
+  assert any("optcore._src.base" in c and "optcore._src.paths" in c for c in cycles(edges))
+
+
+def test_the_only_function_level_import_is_focus_and_says_why():
+  where = []
+  for name, path in MODULES.items():
+    source = path.read_text()
+    lines = source.splitlines()
+    for node in function_level_imports(ast.parse(source)):
+      comment = lines[node.lineno - 2].strip()
+      assert comment.startswith("#") or "#" in lines[node.lineno - 1], (name, node.lineno)
+      where.append((name, imported(node)))
+  assert where == [("optcore._src.base", ["optcore._src.multi_optimizer"])]
+
+
+def test_adapters_import_only_public_optcore_names():
+  private = []
+  for path in ADAPTERS.glob("*_adapter/src/**/*.py"):
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, (ast.Import, ast.ImportFrom)):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
+        private += [(path.name, n) for n in names if n and n.startswith("optcore._src")]
+  assert private == []
+  assert len(list(ADAPTERS.glob("*_adapter/src/**/*.py"))) > 10  # the adapters were found
