@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import inspect
 import re
 import sys
 import warnings
@@ -312,3 +314,22 @@ def test_prng_key_state_survives_msgpack():
   np.testing.assert_array_equal(
     jax.random.key_data(key), jax.random.key_data(optimizer.state.param_states[0].rng_key)
   )
+
+
+def test_t5x_optimizers_writes_out_every_optax_alias_and_dpsgd():
+  # Written one per line (static tools see them); this keeps the list complete.
+  tree = ast.parse(Path(optimizers.__file__).read_text())
+  assigned = {
+    target.id
+    for node in tree.body
+    if isinstance(node, ast.Assign)
+    for target in node.targets
+    if isinstance(target, ast.Name)
+  }
+  expected = {*optcore.OPTAX_ALIASES, "dpsgd"}
+  assert expected <= assigned
+  assert expected <= set(optimizers.__all__)
+  for name in expected:
+    original = getattr(optax.contrib if name == "dpsgd" else optax, name)
+    assert inspect.signature(getattr(optimizers, name)) == inspect.signature(original), name
+  assert isinstance(optimizers.lion(learning_rate=0.1), optimizers.OptaxWrapper)
