@@ -434,3 +434,19 @@ def test_the_written_out_aliases_are_what_the_installed_optax_offers():
   assert _assigned_names(optcore.contrib) == list(optcore.contrib.CONTRIB_OPTIMIZERS)
   for name in optcore.OPTAX_ALIASES:
     assert name in dir(optcore), name
+
+
+def test_one_constructor_for_ready_transformations_and_factories():
+  by_factory = optcore.OptaxWrapper(optax.sgd, {"learning_rate": 0.1, "momentum": 0.9}, name="sgd")
+  assert by_factory == optcore.sgd(0.1, momentum=0.9)
+  assert by_factory.factory is optax.sgd and optcore.OptaxWrapper(optax.sgd(0.1)).factory is None
+  faster = by_factory.with_hyper_params(by_factory.hyper_params.replace(learning_rate=0.5))
+  assert faster == optcore.sgd(0.5, momentum=0.9)
+  params = {"w": jnp.array([1.0, -2.0])}
+  grads = {"w": jnp.array([0.5, 0.25])}
+  tx = by_factory.transformation_for(faster.hyper_params)
+  updates, _ = tx.update(grads, tx.init(params))
+  raw_updates, _ = optax.sgd(0.5, momentum=0.9).update(grads, tx.init(params))
+  assert_trees_equal(updates, raw_updates)
+  with pytest.raises(TypeError, match=r"sgd: \['lr'\] are not arguments of the factory"):
+    optcore.OptaxWrapper(optax.sgd, {"lr": 0.1})

@@ -144,7 +144,18 @@ class OptimizerDef:
   ) -> tuple[PyTree, OptimizerState]:
     """One step in optax's terms: ``(updates, new_state)``, with ``updates =
     new_params - params`` (a wrapped optax transformation returns its own
-    updates, exactly, and needs no ``params``)."""
+    updates, exactly, and needs no ``params``).
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from optcore import legacy
+      >>> opt_def = legacy.GradientDescent(0.5)
+      >>> params = {'w': jnp.ones(2)}
+      >>> updates, state = opt_def.compute_updates(
+      ...     opt_def.hyper_params, params, opt_def.init_state(params), {'w': jnp.ones(2)})
+      >>> updates['w'], int(state.step)
+      (Array([-0.5, -0.5], dtype=float32), 1)
+    """
     if params is None:
       raise ValueError(f"{self!r} computes new parameters from the old ones: pass params")
     new_params, new_state = self.apply_gradient(hyper_params, params, state, grads, **extra_args)

@@ -67,6 +67,8 @@ class OptaxWrapper(OptimizerDef):
     name: str | None = None,
   ):
     factory = None if hyper_params is None else optax_optimizer
+    if factory is not None:
+      hyper_params = _arguments(factory, hyper_params, name)
     if name is None:
       source = optax_optimizer if factory is not None else type(optax_optimizer)
       name = getattr(source, "__name__", None) or type(source).__name__
@@ -337,3 +339,30 @@ def _param_shapes(wrapper: OptaxWrapper, grads: PyTree) -> PyTree:
   if not wrapper.per_example_gradients:
     return grads
   return jax.tree.map(lambda g: jax.ShapeDtypeStruct(g.shape[1:], g.dtype), grads)
+
+
+def _arguments(
+  factory: Callable[..., Any], hyper_params: Mapping[str, Any], name: Any
+) -> dict[str, Any]:
+  """``hyper_params`` as every argument of ``factory``, in its order, defaults filled in
+  (as ``inspect.BoundArguments.apply_defaults`` fills them)."""
+  parameters = inspect.signature(factory).parameters
+  who = name or getattr(factory, "__name__", "the factory")
+  unknown = sorted(set(hyper_params) - set(parameters))
+  if unknown:
+    raise TypeError(
+      f"{who}: {unknown} are not arguments of the factory; its arguments are {list(parameters)}"
+    )
+  out = {}
+  for key, p in parameters.items():
+    if key in hyper_params:
+      out[key] = hyper_params[key]
+    elif p.kind is p.VAR_POSITIONAL:
+      out[key] = ()
+    elif p.kind is p.VAR_KEYWORD:
+      out[key] = {}
+    elif p.default is not p.empty:
+      out[key] = p.default
+    else:
+      raise TypeError(f"{who}: missing the required argument {key!r}")
+  return out

@@ -99,6 +99,7 @@ class Optimizer(Generic[T]):
       self.state,
       grads,
       extra_args=extra_args,
+      apply_updates=True,  # reserved: an override of that name is an error, not a mode
       **hyper_param_overrides,
     )
     return self.replace(target=new_target, state=new_state)

@@ -16,6 +16,7 @@ def apply_step(
   params: PyTree | None,
   state: Any,
   grads: PyTree,
+  /,
   *,
   extra_args: Mapping[str, Any] | None = None,
   apply_updates: bool = True,
