@@ -1,17 +1,21 @@
 """Every task of the optcore workspace.
 
-  nox -s tests       every CPU variant: core, flax, equinox, treex, all
-  nox -s lint        ruff check and ruff format --check
-  nox -s demo        one config, four frameworks (examples/swap_frameworks.py)
-  nox -s bench       the benchmarks (reports under benchmarks/results/)
-  nox -s wheels      build the four wheels, install them as a user would
-  nox -s tests-cuda  the suite on JAX's CUDA build (needs an NVIDIA GPU)
-  nox -s tests-lowest  the core on its declared minimum versions
+  nox -s tests         every CPU variant (core, flax, equinox, treex, all) on every supported
+                       Python that is present (3.11, 3.12, 3.13); a missing one is skipped, and
+                       nox says so (with --error-on-missing-interpreters, as on CI, it fails)
+  nox -s lint          ruff check and ruff format --check
+  nox -s demo          one config, four frameworks (examples/swap_frameworks.py)
+  nox -s bench         the benchmarks (reports under benchmarks/results/)
+  nox -s wheels        build the four wheels, install them as a user would
+  nox -s tests-cuda    the suite on JAX's CUDA build (needs an NVIDIA GPU)
+  nox -s tests-lowest  each package on the minimum versions its pyproject declares
+  nox -s tests-latest  every package on the newest releases, without the lock
 
 Installs come from uv.lock (``uv sync --locked``: a stale lock fails), so every run tests the
-versions developers test. Each variant gets its own venv holding only its
-package, that package's framework and the test tools: the core variant proves
-the core needs no framework.
+versions developers test; uv.lock resolves per Python (jax 0.10 on 3.11, jax 0.12 on 3.12+).
+Each variant gets its own venv holding only its package, that package's framework and the
+test tools: the core variant proves the core needs no framework. The one-Python sessions
+(demo, lint, bench, wheels) use the newest supported Python present.
 """
 
 from __future__ import annotations
@@ -26,9 +30,24 @@ import nox
 nox.needs_version = ">=2024.10.9"
 nox.options.default_venv_backend = "uv|virtualenv"
 nox.options.sessions = ["tests"]
+# A Python that is not installed is skipped (or, on CI, an error), not downloaded.
+nox.options.download_python = "never"
 
 ROOT = Path(__file__).parent
-PYTHON = "3.11"
+PYTHONS = ["3.11", "3.12", "3.13"]  # requires-python and the classifiers say the same
+
+
+def _runs(version: str) -> bool:
+  """Whether ``pythonX.Y`` runs here (a pyenv shim of an unselected version does not)."""
+  found = shutil.which(f"python{version}")
+  if found is None:
+    return False
+  result = subprocess.run([found, "--version"], capture_output=True, text=True, check=False)
+  return result.returncode == 0
+
+
+# The sessions that need one Python take the newest present (3.11 if none is: nox then says so).
+PYTHON = next((v for v in reversed(PYTHONS) if _runs(v)), PYTHONS[0])
 
 # variant -> (workspace package to install, test folders it runs)
 VARIANTS = {
@@ -44,6 +63,7 @@ EXTRA_GROUPS = {"flax": ["gin"], "all": ["checkpoint", "demo"]}
 # for the loopback multi-process run).
 EIGHT_CPU_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
 ADAPTERS = {"flax": "optcore_flax", "equinox": "optcore_equinox", "treex": "optcore_treex"}
+VERSIONS_SHOWN = ["jax", "jaxlib", "numpy", "optax", "flax", "equinox", "treeo", "orbax-checkpoint"]
 
 
 def sync(session: nox.Session, package: str | None, *groups: str) -> None:
@@ -59,6 +79,18 @@ def sync(session: nox.Session, package: str | None, *groups: str) -> None:
   )
 
 
+def print_versions(session: nox.Session) -> None:
+  """Prints the Python and the resolved versions of the stack this session tests."""
+  session.run(
+    "python",
+    "-c",
+    "import importlib.metadata as m, platform; "
+    "d = {x.metadata['Name'].lower(): x.version for x in m.distributions()}; "
+    f"print('Python', platform.python_version() + ':', "
+    f"', '.join(f'{{n}} {{d[n]}}' for n in {VERSIONS_SHOWN!r} if n in d))",
+  )
+
+
 def run_pytest(
   session: nox.Session, folders: list[str], *extra: str, env: dict[str, str] | None = None
 ) -> None:
@@ -67,23 +99,47 @@ def run_pytest(
   session.run("python", "-m", "pytest", *folders, *extra, *session.posargs, env=env)
 
 
-@nox.session(python=PYTHON)
+@nox.session(python=PYTHONS)
 @nox.parametrize("variant", list(VARIANTS))
 def tests(session: nox.Session, variant: str) -> None:
-  """The test suite on CPU, one venv per package."""
+  """The test suite on CPU, one venv per package and Python."""
   package, folders = VARIANTS[variant]
   sync(session, package, "test", *EXTRA_GROUPS.get(variant, []))
+  print_versions(session)
   run_pytest(session, folders)
 
 
-@nox.session(name="tests-lowest", python=PYTHON, default=False)
-def tests_lowest(session: nox.Session) -> None:
-  """The core's tests on the lowest versions its pyproject allows (not from uv.lock)."""
-  session.install("--resolution", "lowest-direct", "./packages/core", "pytest>=8.3")
-  session.run(
-    "python", "-c", "import jax, optax; print('jax', jax.__version__, 'optax', optax.__version__)"
+# variant -> what tests-lowest installs beside pytest: the package (its direct requirements
+# resolved to their lowest versions) and the test-only tools its folders need.
+LOWEST = {
+  "core": ["./packages/core"],
+  "flax": ["./packages/core", "./packages/flax_adapter", "gin-config>=0.5"],
+  "equinox": ["./packages/core", "./packages/equinox_adapter"],
+  "treex": ["./packages/core", "./packages/treex_adapter"],
+}
+
+
+@nox.session(name="tests-lowest", python=PYTHONS[0], default=False)
+@nox.parametrize("variant", list(LOWEST))
+def tests_lowest(session: nox.Session, variant: str) -> None:
+  """Each package's tests on the lowest versions its pyproject allows (not from uv.lock)."""
+  session.install(
+    "--resolution", "lowest-direct", *LOWEST[variant], "pytest>=8.3", "hypothesis>=6.100"
   )
-  run_pytest(session, ["tests/core"])
+  print_versions(session)
+  run_pytest(session, VARIANTS[variant][1])
+
+
+@nox.session(name="tests-latest", python=PYTHON, default=False)
+def tests_latest(session: nox.Session) -> None:
+  """Every package and test on the newest releases the registry serves, without the lock:
+  drift in jax, optax, flax, equinox or orbax shows here before users report it."""
+  packages = ["./packages/core", *(f"./packages/{a}_adapter" for a in ADAPTERS)]
+  tools = ["pytest", "hypothesis", "gin-config", "orbax-checkpoint", "matplotlib"]
+  session.install("--upgrade", "--resolution", "highest", *packages, *tools)
+  print_versions(session)
+  for _, folders in VARIANTS.values():
+    run_pytest(session, folders)
 
 
 @nox.session(name="tests-cuda", python=PYTHON, default=False, tags=["cuda"])
@@ -136,7 +192,9 @@ def lint(session: nox.Session) -> None:
 def demo(session: nox.Session) -> None:
   """One config through the core, Flax, Equinox and Treex: the same numbers, a
   checkpoint moved between frameworks, the loss curves in swap_frameworks.png."""
+  session.log(f"Python {PYTHON}: the newest of {', '.join(PYTHONS)} that runs here")
   sync(session, None, "checkpoint", "demo")
+  print_versions(session)
   session.run("python", "examples/swap_frameworks.py", *session.posargs)
 
 

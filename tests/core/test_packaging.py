@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 import tomllib
@@ -47,3 +48,22 @@ def test_importing_the_core_loads_no_framework():
   )
   result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
   assert result.stdout.strip() == "[]"
+
+
+def test_every_package_declares_the_pythons_the_nox_matrix_tests():
+  noxfile = ast.parse((ROOT / "noxfile.py").read_text())
+  tested = next(
+    ast.literal_eval(node.value)
+    for node in noxfile.body
+    if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "PYTHONS"
+  )
+  assert tested == ["3.11", "3.12", "3.13"]
+  for folder in ("core", *ADAPTERS.values()):
+    declared = project(folder)
+    assert declared["requires-python"] == f">={tested[0]}", folder
+    versions = [
+      c.rsplit(" :: ", 1)[1]
+      for c in declared["classifiers"]
+      if c.startswith("Programming Language :: Python :: 3.")
+    ]
+    assert versions == tested, folder
