@@ -4,7 +4,8 @@
 
 Each process sees its own CPU devices (XLA_FLAGS from the parent); with more
 than one process, `jax.distributed` joins them over gloo on 127.0.0.1 into one
-4-device mesh. Adam and Adafactor are created sharded and take 3 sharded
+4-device mesh. Adam and Adafactor are created sharded, and Adam once more
+with replicated parameters and its state split (ZeRO-1); each takes 3 sharded
 steps; process 0 writes the gathered results.
 """
 
@@ -39,11 +40,16 @@ def main(process_id: int, num_processes: int, port: int, out: str) -> None:
   mesh = Mesh(np.array(devices), ("x",))
   params = jax.tree.map(np.asarray, make_params())
   results = {}
-  for name, opt_def in [
-    ("adam", optcore.adam(0.05)),
-    ("adafactor", optcore.adafactor(0.05, min_dim_size_to_factor=8)),
+  for name, opt_def, state_axis in [
+    ("adam", optcore.adam(0.05), None),
+    ("adafactor", optcore.adafactor(0.05, min_dim_size_to_factor=8), None),
+    # ZeRO-1: replicated parameters, the state split over the same 4 devices.
+    ("zero1_adam", optcore.adam(0.05), "x"),
   ]:
-    opt = opt_def.create_sharded(params, AXES, mesh, RULES)
+    if state_axis is None:
+      opt = opt_def.create_sharded(params, AXES, mesh, RULES)
+    else:
+      opt = opt_def.create_sharded(params, mesh=mesh, state_axis=state_axis)
     shardings = jax.tree.map(lambda x: x.sharding, opt)
     step = jax.jit(
       lambda opt: opt.apply_gradient(jax.grad(loss_fn)(opt.target)),

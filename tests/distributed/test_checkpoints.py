@@ -161,3 +161,29 @@ def test_a_killed_save_never_corrupts_the_last_good_checkpoint(tmp_path):
     like = jax.tree.map(ocp.utils.to_shape_dtype_struct, expected.state_dict())
     restored = manager.restore(1, args=ocp.args.StandardRestore(like))
   assert_trees_equal(expected.restore_state(restored), expected)
+
+
+def test_zero1_state_restores_replicated_and_onto_another_mesh(tmp_path, cpu_devices):
+  opt_def = optcore.adam(0.05)
+  step = jax.jit(lambda o: o.apply_gradient(jax.tree.map(jnp.ones_like, o.target)))
+  mesh8 = Mesh(np.array(cpu_devices), ("data",))
+  split = step(step(opt_def.create_sharded(make_params(), mesh=mesh8, state_axis="data")))
+  save(tmp_path / "split", split.state_dict())
+  like = opt_def.create(make_params()).state_dict()
+
+  # Saved split over 8 devices, restored replicated on one.
+  replicated = opt_def.create(make_params()).restore_state(restore(tmp_path / "split", like))
+  assert_trees_equal(replicated, split)
+
+  # Saved replicated, restored split over 4 devices.
+  save(tmp_path / "replicated", replicated.state_dict())
+  mesh4 = Mesh(np.array(cpu_devices[:4]), ("data",))
+  abstract = jax.eval_shape(opt_def.create, make_params())
+  shardings = opt_def.derive_shardings(abstract, mesh=mesh4, state_axis="data")
+  restored_sd = restore(tmp_path / "replicated", like, shardings.state_dict())
+  on4 = opt_def.create_sharded(make_params(), mesh=mesh4, state_axis="data")
+  on4 = on4.restore_state(restored_sd)
+  assert_trees_equal(on4, split)
+  mu = on4.state.param_states[0].mu["dense"]["kernel"]  # (16, 32): split on the 32
+  assert {s.data.shape for s in mu.addressable_shards} == {(16, 32 // 4)}
+  assert on4.target["dense"]["kernel"].sharding.is_fully_replicated

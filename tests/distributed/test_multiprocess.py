@@ -1,7 +1,8 @@
 """Two processes x two CPU devices on 127.0.0.1, one 4-device mesh: sharded
-Adam and Adafactor give the same results as one process with four devices
-(Adam bitwise; Adafactor, whose factored means reduce across processes, to
-allclose 1e-6)."""
+Adam and Adafactor, and Adam with replicated parameters and its state split
+(ZeRO-1), give the same results as one process with four devices (Adam
+bitwise; Adafactor, whose factored means reduce across processes, to allclose
+1e-6)."""
 
 from __future__ import annotations
 
@@ -71,7 +72,7 @@ def test_two_processes_equal_one_process(tmp_path):
     for key in want.files:
       if key.startswith("local_bytes:"):
         continue
-      if key.startswith("adam."):  # elementwise: bitwise identical
+      if key.startswith(("adam.", "zero1_adam.")):  # elementwise: bitwise identical
         np.testing.assert_array_equal(got[key], want[key], err_msg=key)
       elif got[key].dtype.kind == "f":
         # Adafactor's row/column means and RMS reduce across the processes; gloo
@@ -83,3 +84,8 @@ def test_two_processes_equal_one_process(tmp_path):
     # Each process holds half of the 4-way sharded kernel moments (2 of 4 shards).
     kernel_mu = "local_bytes:adam.state.param_states[0].mu['dense']['kernel']"
     assert int(got[kernel_mu]) * 2 == int(want[kernel_mu]) == 16 * 32 * 4
+    # ZeRO-1: the same halving for the state, while each process holds whole parameters.
+    zero1_mu = "local_bytes:zero1_adam.state.param_states[0].mu['dense']['kernel']"
+    assert int(got[zero1_mu]) * 2 == int(want[zero1_mu]) == 16 * 32 * 4
+    zero1_kernel = "local_bytes:zero1_adam.target['dense']['kernel']"
+    assert int(got[zero1_kernel]) * 2 == int(want[zero1_kernel]) == 4 * 16 * 32 * 4

@@ -110,33 +110,60 @@ class Optimizer(eqx.Module):
   def shardings(
     self,
     model: PyTree,
-    model_specs: PyTree,
-    mesh: Mesh,
+    model_specs: PyTree | None = None,
+    mesh: Mesh | None = None,
     logical_axis_rules: Sequence[tuple[str, Any]] | None = None,
+    *,
+    state_axis: str | None = None,
   ) -> Optimizer:
     """This optimizer's structure with a `NamedSharding` at every state array.
 
     ``model_specs`` has the model's structure with a `PartitionSpec` (mesh
     axes, or logical names mapped by ``logical_axis_rules``) at each
-    optimised leaf; other leaves may hold anything. Pass the result to
-    ``eqx.filter_shard`` or use `shard`.
+    optimised leaf; other leaves may hold anything; None: the model is
+    replicated. ``state_axis`` (ZeRO-1) also splits every state leaf over
+    that mesh axis, as `optcore.OptimizerDef.derive_shardings` does. Pass the
+    result to ``eqx.filter_shard`` or use `shard`.
     """
+    if mesh is None:
+      raise TypeError("a mesh is required: pass mesh=jax.sharding.Mesh(devices, axis_names)")
     params = self.params(model)
-    specs = _select(model_specs, params, check=False)
+    specs = None if model_specs is None else _select(model_specs, params, check=False)
     shardings = adapter.state_shardings(
-      self.optimizer_def, self.state, params, specs, mesh, logical_axis_rules
+      self.optimizer_def,
+      self.state,
+      params,
+      specs,
+      mesh,
+      logical_axis_rules,
+      state_axis=state_axis,
     )
     return eqx.tree_at(lambda o: o.state, self, shardings)
 
   def shard(
     self,
     model: PyTree,
-    model_specs: PyTree,
-    mesh: Mesh,
+    model_specs: PyTree | None = None,
+    mesh: Mesh | None = None,
     logical_axis_rules: Sequence[tuple[str, Any]] | None = None,
+    *,
+    state_axis: str | None = None,
   ) -> Optimizer:
-    """This optimizer with its state placed by `shardings` (``eqx.filter_shard``)."""
-    return eqx.filter_shard(self, self.shardings(model, model_specs, mesh, logical_axis_rules))
+    """This optimizer with its state placed by `shardings` (``eqx.filter_shard``).
+
+    Example (ZeRO-1: a replicated model, the state split over ``'data'``):
+      >>> import equinox as eqx, jax, numpy as np
+      >>> from jax.sharding import Mesh, PartitionSpec as P
+      >>> import optcore, optcore_equinox
+      >>> model = eqx.nn.Linear(4, 2, key=jax.random.key(0))
+      >>> mesh = Mesh(np.array(jax.devices()[:1]), ('data',))
+      >>> opt = optcore_equinox.Optimizer(optcore.adam(1e-3), model)
+      >>> opt = opt.shard(model, mesh=mesh, state_axis='data')
+      >>> opt.state.param_states[0].mu.weight.sharding.spec == P(None, 'data')
+      True
+    """
+    shardings = self.shardings(model, model_specs, mesh, logical_axis_rules, state_axis=state_axis)
+    return eqx.filter_shard(self, shardings)
 
 
 def _select(tree: PyTree, params: PyTree, check: bool = True) -> PyTree:

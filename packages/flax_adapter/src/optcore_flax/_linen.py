@@ -7,7 +7,7 @@ from typing import Any
 
 import jax
 from flax import linen as nn
-from jax.sharding import Mesh
+from jax.sharding import Mesh, PartitionSpec
 
 import optcore
 
@@ -35,7 +35,8 @@ def param_logical_axes(params: PyTree) -> PyTree:
   """
   if any(_is_box(x) for x in jax.tree.leaves(params, is_leaf=_is_box)):
     return nn.get_partition_spec(params)
-  return params
+  # Plain arrays (no partitioning metadata at all) are replicated; specs pass through.
+  return jax.tree.map(lambda x: PartitionSpec() if hasattr(x, "shape") else x, params)
 
 
 def derive_logical_axes(optimizer: optcore.Optimizer, params: PyTree) -> optcore.Optimizer:
@@ -48,10 +49,13 @@ def optimizer_shardings(
   params: PyTree,
   mesh: Mesh,
   logical_axis_rules: Sequence[tuple[str, Any]] | None = None,
+  *,
+  state_axis: str | None = None,
 ) -> optcore.Optimizer:
-  """``optimizer``'s `NamedSharding`s on ``mesh`` by Flax's ``logical_axis_rules``."""
+  """``optimizer``'s `NamedSharding`s on ``mesh`` by Flax's ``logical_axis_rules``;
+  ``state_axis`` (ZeRO-1) also splits every state leaf over that mesh axis."""
   return optimizer.optimizer_def.derive_shardings(
-    optimizer, param_logical_axes(params), mesh, logical_axis_rules
+    optimizer, param_logical_axes(params), mesh, logical_axis_rules, state_axis=state_axis
   )
 
 
@@ -60,9 +64,12 @@ def create_sharded(
   boxed_params: PyTree,
   mesh: Mesh,
   logical_axis_rules: Sequence[tuple[str, Any]] | None = None,
+  *,
+  state_axis: str | None = None,
 ) -> optcore.Optimizer:
   """An optimizer over the unboxed ``boxed_params``, created sharded by their
-  Linen logical axes and Flax's ``logical_axis_rules``.
+  Linen logical axes and Flax's ``logical_axis_rules``; ``state_axis`` (ZeRO-1)
+  also splits every state leaf over that mesh axis.
 
   Example:
     >>> import jax, jax.numpy as jnp, numpy as np, flax.linen as nn
@@ -77,7 +84,9 @@ def create_sharded(
     True
   """
   axes = param_logical_axes(boxed_params)
-  return optimizer_def.create_sharded(nn.unbox(boxed_params), axes, mesh, logical_axis_rules)
+  return optimizer_def.create_sharded(
+    nn.unbox(boxed_params), axes, mesh, logical_axis_rules, state_axis=state_axis
+  )
 
 
 __all__ = [

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import typing as tp
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import optax
 import optax.tree_utils
 import treeo as to
+from jax.sharding import Mesh
 
 import optcore
 from optcore import adapter
@@ -167,6 +168,67 @@ class Optimizer(to.Tree):
     module.opt_state = state.param_states
     module.step = state.step
     return module
+
+  def shardings(
+    self,
+    params: PyTree,
+    param_specs: PyTree | None = None,
+    mesh: Mesh | None = None,
+    logical_axis_rules: Sequence[tuple[str, tp.Any]] | None = None,
+    *,
+    state_axis: str | None = None,
+  ) -> Optimizer:
+    """This optimizer's structure with a `NamedSharding` at every leaf (the
+    optax state's, and the step where it keeps one).
+
+    ``param_specs``: one `PartitionSpec` per parameter (mesh axes, or logical
+    names mapped by ``logical_axis_rules``); None: the parameters are
+    replicated. ``state_axis`` (ZeRO-1) also splits every state leaf over that
+    mesh axis, as `optcore.OptimizerDef.derive_shardings` does. Use it as a
+    jitted step's in and out shardings, or `shard`.
+    """
+    self._check_initialized()
+    if mesh is None:
+      raise TypeError("a mesh is required: pass mesh=jax.sharding.Mesh(devices, axis_names)")
+    step = jnp.zeros((), jnp.int32) if self.step is None else self.step
+    shardings = adapter.state_shardings(
+      self.optimizer_def,
+      optcore.OptimizerState(step, self.opt_state),
+      params,
+      param_specs,
+      mesh,
+      logical_axis_rules,
+      state_axis=state_axis,
+    )
+    module = to.copy(self)
+    module.opt_state = shardings.param_states
+    module.step = None if self.step is None else shardings.step
+    return module
+
+  def shard(
+    self,
+    params: PyTree,
+    param_specs: PyTree | None = None,
+    mesh: Mesh | None = None,
+    logical_axis_rules: Sequence[tuple[str, tp.Any]] | None = None,
+    *,
+    state_axis: str | None = None,
+  ) -> Optimizer:
+    """A new optimizer with its state placed by `shardings`; this one is untouched.
+
+    Example (ZeRO-1: replicated parameters, the state split over ``'data'``):
+      >>> import jax, jax.numpy as jnp, numpy as np, optax
+      >>> from jax.sharding import Mesh, PartitionSpec as P
+      >>> import optcore_treex
+      >>> params = {'w': jnp.ones((4, 2))}
+      >>> mesh = Mesh(np.array(jax.devices()[:1]), ('data',))
+      >>> optimizer = optcore_treex.Optimizer(optax.adam(1e-3)).init(params)
+      >>> optimizer = optimizer.shard(params, mesh=mesh, state_axis='data')
+      >>> optimizer.opt_state[0].mu['w'].sharding.spec == P('data', None)
+      True
+    """
+    shardings = self.shardings(params, param_specs, mesh, logical_axis_rules, state_axis=state_axis)
+    return jax.device_put(self, shardings)
 
   def _check_init_shapes(self, name: str, tree: PyTree) -> None:
     named, _ = optcore.leaves_with_paths(tree)

@@ -249,14 +249,22 @@ class OptimizerDef:
   def derive_shardings(
     self,
     optimizer: Optimizer,
-    param_logical_axes: PyTree,
-    mesh: jax.sharding.Mesh,
+    param_logical_axes: PyTree | None = None,
+    mesh: jax.sharding.Mesh | None = None,
     logical_axis_rules: Sequence[tuple[str, Any]] | None = None,
+    *,
+    state_axis: str | None = None,
   ) -> Optimizer:
     """An Optimizer-shaped tree of `NamedSharding`s on ``mesh``: the logical
     axes of `derive_logical_axes`, mapped by Flax-style ``logical_axis_rules``
     (None: the axes already name mesh axes). Use it as a jitted step's in and
-    out shardings.
+    out shardings. ``param_logical_axes`` None: the parameters are replicated.
+
+    ``state_axis`` (ZeRO-1): every state leaf is also split over that mesh
+    axis, on its largest dimension the axis divides and no other axis splits,
+    while the parameters keep their own sharding; data-parallel training then
+    holds 1/N of the state per device, for one all-gather of the updated
+    parameters per step. Leaves it cannot split stay replicated and are logged.
 
     Example:
       >>> import jax, jax.numpy as jnp, numpy as np
@@ -271,15 +279,22 @@ class OptimizerDef:
       True
     """
     return state_axes.optimizer_shardings(
-      self, optimizer, param_logical_axes, mesh, logical_axis_rules
+      self,
+      optimizer,
+      param_logical_axes,
+      _required_mesh(mesh),
+      logical_axis_rules,
+      state_axis=state_axis,
     )
 
   def create_sharded(
     self,
     target: PyTree,
-    param_logical_axes: PyTree,
-    mesh: jax.sharding.Mesh,
+    param_logical_axes: PyTree | None = None,
+    mesh: jax.sharding.Mesh | None = None,
     logical_axis_rules: Sequence[tuple[str, Any]] | None = None,
+    *,
+    state_axis: str | None = None,
   ) -> Optimizer:
     """Like `create`, with the target and every state leaf created sharded on
     ``mesh`` (``jit`` with ``out_shardings``): no device ever holds the
@@ -295,8 +310,25 @@ class OptimizerDef:
       ...     {'w': jnp.zeros((4, 2))}, {'w': P('embed', 'mlp')}, mesh, [('mlp', 'model')])
       >>> opt.state.param_states[0].nu['w'].sharding.spec == P(None, 'model')
       True
+
+    ZeRO-1, data-parallel: replicated parameters, the state split over ``'data'``:
+
+      >>> mesh = Mesh(np.array(jax.devices()[:1]), ('data',))
+      >>> opt = optcore.adam(1e-3).create_sharded(
+      ...     {'w': jnp.zeros((4, 2))}, mesh=mesh, state_axis='data')
+      >>> opt.state.param_states[0].mu['w'].sharding.spec == P('data', None)
+      True
+      >>> opt.target['w'].sharding.spec == P(None, None)
+      True
     """
-    return state_axes.create_sharded(self, target, param_logical_axes, mesh, logical_axis_rules)
+    return state_axes.create_sharded(
+      self,
+      target,
+      param_logical_axes,
+      _required_mesh(mesh),
+      logical_axis_rules,
+      state_axis=state_axis,
+    )
 
   def derive_param_states_axes(
     self, param_states: PyTree, params: PyTree, params_axes: PyTree
@@ -361,3 +393,12 @@ def _register_static(cls: type) -> None:
 
 
 _register_static(OptimizerDef)
+
+
+def _required_mesh(mesh: jax.sharding.Mesh | None) -> jax.sharding.Mesh:
+  if mesh is None:
+    raise TypeError(
+      "a mesh is required: pass mesh=jax.sharding.Mesh(devices, axis_names) (with "
+      "state_axis='data' alone, the parameters are replicated and the state is split)"
+    )
+  return mesh

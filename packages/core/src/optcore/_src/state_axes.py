@@ -8,11 +8,12 @@ stays in its ``derive_param_states_axes`` hook; everything else is here.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 import jax
-from jax.sharding import Mesh, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from optcore._src import partition_rules, sharding
 from optcore._src.optimizer import Optimizer, OptimizerState
@@ -49,14 +50,18 @@ def state_shardings(
   optimizer_def: Any,
   state: OptimizerState,
   params: PyTree,
-  param_axes: PyTree,
+  param_axes: PyTree | None,
   mesh: Mesh,
   logical_axis_rules: LogicalAxisRules | None = None,
+  *,
+  state_axis: str | None = None,
 ) -> OptimizerState:
   """``state``'s structure with a `NamedSharding` on ``mesh`` at every leaf: the
   axes of `state_logical_axes` mapped by ``logical_axis_rules`` (None: the
-  axes name mesh axes already). Raises `PartitionRuleError` naming the first
-  leaf whose dimension the mesh does not divide.
+  axes name mesh axes already). ``param_axes`` None: the parameters are
+  replicated. ``state_axis`` also splits every leaf over that mesh axis
+  (ZeRO-1, see `OptimizerDef.derive_shardings`). Raises `PartitionRuleError`
+  naming the first leaf whose dimension the mesh does not divide.
 
   Example:
     >>> import jax, jax.numpy as jnp, numpy as np
@@ -71,8 +76,12 @@ def state_shardings(
     >>> shardings.param_states[0].mu['w'].spec == P(None, 'model')
     True
   """
+  if param_axes is None:
+    param_axes = jax.tree.map(lambda _: PartitionSpec(), params)
   axes = state_logical_axes(optimizer_def, state, params, param_axes)
   shardings = sharding.logical_to_mesh_sharding(axes, mesh, logical_axis_rules)
+  if state_axis is not None:
+    shardings = add_state_axis(state, shardings, mesh, state_axis)
   sharding.check_divisible(state, shardings)  # named here, not in device_put's error
   return shardings
 
@@ -89,27 +98,88 @@ def optimizer_logical_axes(
 def optimizer_shardings(
   optimizer_def: Any,
   optimizer: Optimizer,
-  param_logical_axes: PyTree,
+  param_logical_axes: PyTree | None,
   mesh: Mesh,
   logical_axis_rules: LogicalAxisRules | None = None,
+  *,
+  state_axis: str | None = None,
 ) -> Optimizer:
-  """`OptimizerDef.derive_shardings`: an Optimizer of `NamedSharding`s, divisibility checked."""
+  """`OptimizerDef.derive_shardings`: an Optimizer of `NamedSharding`s, divisibility
+  checked. ``param_logical_axes`` None: the parameters are replicated.
+  ``state_axis``: every state leaf is also split over that mesh axis (ZeRO-1,
+  see `add_state_axis`); the parameters keep their own sharding."""
+  if param_logical_axes is None:
+    param_logical_axes = jax.tree.map(lambda _: PartitionSpec(), optimizer.target)
   axes = optimizer_logical_axes(optimizer_def, optimizer, param_logical_axes)
   shardings = sharding.logical_to_mesh_sharding(axes, mesh, logical_axis_rules)
+  if state_axis is not None:
+    state = add_state_axis(optimizer.state, shardings.state, mesh, state_axis)
+    shardings = shardings.replace(state=state)
   sharding.check_divisible(optimizer, shardings)
   return shardings
+
+
+def add_state_axis(state: PyTree, shardings: PyTree, mesh: Mesh, state_axis: str) -> PyTree:
+  """``shardings`` with every state leaf also split over the mesh axis ``state_axis``.
+
+  Each leaf gets the axis on its largest dimension that no other mesh axis
+  splits and that the axis' size divides (ties: the first): a
+  parameter-shaped leaf on the parameter's largest dimension, a factored one
+  (Adafactor's ``v_row``/``v_col``) on a dimension it keeps. A leaf that
+  already uses the axis is left as it is. Scalars, and leaves with no such
+  dimension, stay replicated; those (not the scalars) are logged, one line,
+  on the ``optcore`` logger at INFO.
+  """
+  if state_axis not in mesh.axis_names:
+    raise partition_rules.PartitionRuleError(
+      f"state_axis={state_axis!r} is not an axis of the mesh, whose axes are "
+      f"{list(mesh.axis_names)}. Name the data-parallel mesh axis, e.g. state_axis='data'."
+    )
+  ways = mesh.shape[state_axis]
+  keyed, treedef = jax.tree_util.tree_flatten_with_path(state)
+  out, kept = [], []
+  for (keys, leaf), named in zip(keyed, treedef.flatten_up_to(shardings), strict=True):
+    shape = tuple(getattr(leaf, "shape", ()))
+    spec = list(named.spec) + [None] * (len(shape) - len(named.spec))
+    used = {a for entry in spec for a in (entry if isinstance(entry, tuple) else (entry,))}
+    free = [d for d, n in enumerate(shape) if spec[d] is None and n and n % ways == 0]
+    if state_axis in used or not shape:
+      out.append(named)
+      continue
+    if not free:
+      kept.append(f"{jax.tree_util.keystr(keys)} {shape}")
+      out.append(named)
+      continue
+    dim = max(free, key=lambda d: (shape[d], -d))
+    spec[dim] = state_axis
+    out.append(NamedSharding(mesh, PartitionSpec(*spec)))
+  if kept:
+    logging.getLogger("optcore").info(
+      "state_axis=%r (%d ways) left %d state leaves replicated, no free dimension divisible "
+      "by %d: %s",
+      state_axis,
+      ways,
+      len(kept),
+      ways,
+      ", ".join(kept),
+    )
+  return treedef.unflatten(out)
 
 
 def create_sharded(
   optimizer_def: Any,
   target: PyTree,
-  param_logical_axes: PyTree,
+  param_logical_axes: PyTree | None,
   mesh: Mesh,
   logical_axis_rules: LogicalAxisRules | None = None,
+  *,
+  state_axis: str | None = None,
 ) -> Optimizer:
   """`OptimizerDef.create_sharded`: ``create`` jitted with the derived ``out_shardings``."""
   abstract = jax.eval_shape(optimizer_def.create, target)
-  shardings = optimizer_def.derive_shardings(abstract, param_logical_axes, mesh, logical_axis_rules)
+  shardings = optimizer_def.derive_shardings(
+    abstract, param_logical_axes, mesh, logical_axis_rules, state_axis=state_axis
+  )
   return jax.jit(optimizer_def.create, out_shardings=shardings)(target)
 
 
