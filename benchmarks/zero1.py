@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
+from state_memory import state_bytes_per_device
 from timing import balanced_ratio, compiled_costs, quantiles
 
 import optcore
@@ -55,14 +56,6 @@ def optimizers() -> dict[str, optcore.OptimizerDef]:
       (r"embedding", optcore.adafactor(1e-3)), (r"mlp|scale", optcore.adamw(1e-3))
     ),
   }
-
-
-def state_bytes_per_device(opt: optcore.Optimizer) -> int:
-  per_device: dict = {}
-  for leaf in jax.tree.leaves(opt.state):
-    for shard in leaf.addressable_shards:
-      per_device[shard.device] = per_device.get(shard.device, 0) + shard.data.nbytes
-  return max(per_device.values())
 
 
 def _builder(variants: dict, grads: dict, steps: int):
