@@ -14,11 +14,12 @@ same errors, and writes the same state dicts.
   'param_states'}}``, readable by every face (a core or Flax optimizer's
   ``'target'`` is ignored on restore).
 - `state_logical_axes` / `state_shardings`: the state's axes and
-  `NamedSharding`s from the parameters' axes.
+  `NamedSharding` objects from the parameters' axes.
 - `key_data_for_export`: typed PRNG keys as key data, for formats without
   them (msgpack).
 
-See "Writing an adapter" in the README for the Treex face as a worked example.
+See "Writing an adapter" in the documentation (docs/concepts/adapters.md) for the Treex
+face as a worked example.
 
 Example:
   >>> import jax, jax.numpy as jnp

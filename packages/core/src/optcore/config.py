@@ -123,7 +123,7 @@ def to_config(opt_def: OptimizerDef) -> dict[str, Any]:
   """The config of ``opt_def``: JSON-able, the non-default hyper-parameters.
 
   Raises `ConfigError` for what a config cannot express (selectors other than
-  regexes, ready optax transformations, schedules that are not `Schedule`s).
+  regexes, ready optax transformations, schedules that are not `Schedule` objects).
   """
   if isinstance(opt_def, MultiOptimizer):
     groups = []

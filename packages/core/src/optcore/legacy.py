@@ -1,7 +1,7 @@
 """The flax.optim (v0.5.3) algorithms with their original numerics, framework-free.
 
 Same names, arguments, defaults and state field names as flax.optim, as
-per-parameter `optcore.OptimizerDef`s: ``create``, ``apply_gradient`` with
+per-parameter `optcore.OptimizerDef` objects: ``create``, ``apply_gradient`` with
 overrides, ``state_dict`` (flax.optim's keys), ``as_optax()`` and every
 adapter work with them.
 

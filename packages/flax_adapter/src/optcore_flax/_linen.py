@@ -52,7 +52,7 @@ def optimizer_shardings(
   *,
   state_axis: str | None = None,
 ) -> optcore.Optimizer:
-  """``optimizer``'s `NamedSharding`s on ``mesh`` by Flax's ``logical_axis_rules``;
+  """``optimizer``'s `NamedSharding` objects on ``mesh`` by Flax's ``logical_axis_rules``;
   ``state_axis`` (ZeRO-1) also splits every state leaf over that mesh axis."""
   return optimizer.optimizer_def.derive_shardings(
     optimizer, param_logical_axes(params), mesh, logical_axis_rules, state_axis=state_axis

@@ -226,7 +226,7 @@ class OptimizerDef:
 
   def derive_logical_axes(self, optimizer: Optimizer, param_logical_axes: PyTree) -> Optimizer:
     """The logical axes of ``optimizer``: an Optimizer of the same structure
-    whose leaves are `PartitionSpec`s (None where the state has None).
+    whose leaves are `PartitionSpec` objects (None where the state has None).
 
     The target gets ``param_logical_axes`` (one spec, tuple of names or None
     per parameter; padded to full rank); every state leaf gets the axes
@@ -255,7 +255,7 @@ class OptimizerDef:
     *,
     state_axis: str | None = None,
   ) -> Optimizer:
-    """An Optimizer-shaped tree of `NamedSharding`s on ``mesh``: the logical
+    """An Optimizer-shaped tree of `NamedSharding` objects on ``mesh``: the logical
     axes of `derive_logical_axes`, mapped by Flax-style ``logical_axis_rules``
     (None: the axes already name mesh axes). Use it as a jitted step's in and
     out shardings. ``param_logical_axes`` None: the parameters are replicated.

@@ -388,7 +388,7 @@ class LAMB(OptimizerDef):
 
 class LARS(OptimizerDef):
   """flax.optim's LARS, whose momentum buffer holds the learning rate:
-  ``r = tc |p|/(|g| + wd |p| + eps)`` (1 when |g| or |p| is 0),
+  ``r = tc |p|/(|g| + wd |p| + eps)`` (1 when ``|g|`` or ``|p|`` is 0),
   ``m <- beta m + lr r (g + wd p)``, ``p <- p - m`` (nesterov:
   ``p <- p - (lr r (g + wd p) + beta m)``).
 

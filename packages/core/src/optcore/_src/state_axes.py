@@ -104,7 +104,7 @@ def optimizer_shardings(
   *,
   state_axis: str | None = None,
 ) -> Optimizer:
-  """`OptimizerDef.derive_shardings`: an Optimizer of `NamedSharding`s, divisibility
+  """`OptimizerDef.derive_shardings`: an Optimizer of `NamedSharding` objects, divisibility
   checked. ``param_logical_axes`` None: the parameters are replicated.
   ``state_axis``: every state leaf is also split over that mesh axis (ZeRO-1,
   see `add_state_axis`); the parameters keep their own sharding."""

@@ -1,0 +1,75 @@
+"""Renders the benchmark page's figure from ``benchmarks/results/`` at build time.
+
+``nox -s bench`` writes its reports to ``benchmarks/results/`` (``suite.json`` and the Markdown
+tables the page includes); this extension draws the step-time ratios per face from
+``suite.json`` into ``docs/_generated/step_ratios.png`` before Sphinx reads the pages, so the
+page shows the numbers of the last committed run and never a pasted copy.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+FACES = ("core", "flax", "equinox", "treex")
+REPORTS = ("suite", "equinox_step", "state_memory", "zero1")
+
+
+def load_suite(results: Path = RESULTS) -> dict:
+  """The suite's report; a missing one is an error that says how to make it."""
+  missing = [f"{name}.md" for name in REPORTS if not (results / f"{name}.md").exists()]
+  if missing or not (results / "suite.json").exists():
+    raise FileNotFoundError(
+      f"benchmarks/results/ lacks {missing or ['suite.json']}: run `nox -s bench` (it writes "
+      "them) and commit the results the documentation should show"
+    )
+  return json.loads((results / "suite.json").read_text())
+
+
+def plot_step_ratios(report: dict, out: Path) -> None:
+  """One bar per face and row (optimizer, size): its median ratio over raw optax, with the
+  quartiles as error bars, and the A/A control's quartiles as a grey band per row."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  rows = report["jitted"]
+  labels = [f"{r['optimizer']}\n{r['params'] / 1e6:.1f}M" for r in rows]
+  width = 0.8 / len(FACES)
+  fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(rows) + 2), 3.6), dpi=120)
+  for i, row in enumerate(rows):
+    _, low, high = row["control"]
+    label = "A/A control (quartiles)" if i == 0 else None
+    ax.fill_between([i - 0.45, i + 0.45], low, high, color="0.85", label=label, zorder=0)
+  for j, face in enumerate(FACES):
+    xs = [i - 0.4 + (j + 0.5) * width for i in range(len(rows))]
+    medians = [r[face][0] for r in rows]
+    errors = [
+      [max(0.0, r[face][0] - r[face][1]) for r in rows],
+      [max(0.0, r[face][2] - r[face][0]) for r in rows],
+    ]
+    ax.bar(xs, medians, width, label=face, zorder=2)
+    ax.errorbar(xs, medians, yerr=errors, fmt="none", ecolor="0.2", lw=0.8, zorder=3)
+  ax.axhline(1.0, color="black", lw=0.8, zorder=1)
+  ax.set_xticks(range(len(rows)), labels, fontsize=8)
+  ax.set_ylabel("step time / raw optax")
+  low = min(min(r[f][1] for f in FACES) for r in rows)
+  high = max(max(r[f][2] for f in FACES) for r in rows)
+  ax.set_ylim(min(0.8, low - 0.02), max(1.2, high + 0.02))
+  ax.set_title(f"Jitted step, optcore over raw optax ({report['device']})", fontsize=9)
+  ax.legend(fontsize=7, ncol=5, loc="upper left")
+  fig.tight_layout()
+  out.parent.mkdir(parents=True, exist_ok=True)
+  fig.savefig(out)
+  plt.close(fig)
+
+
+def _render(app) -> None:
+  plot_step_ratios(load_suite(), Path(app.srcdir) / "_generated" / "step_ratios.png")
+
+
+def setup(app):
+  app.connect("builder-inited", _render)
+  return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}
