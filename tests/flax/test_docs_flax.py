@@ -1,21 +1,29 @@
-"""The README's Flax blocks and optcore_flax's docstring examples run."""
+"""The README's and the pages' Flax blocks and optcore_flax's docstring examples run, and the
+API reference has an entry for every public name of optcore_flax."""
 
 from __future__ import annotations
 
 import pytest
+from doc_blocks import block_id, blocks_for, documented_names, public_names, run_block
 from doctests import failures_in, modules_of
-from readme_blocks import blocks_for, run_block
 
 import optcore_flax
 
 
-def test_readme_has_a_flax_example():
-  assert blocks_for("optcore_flax")
+def test_the_readme_and_the_pages_have_flax_examples():
+  assert {b.page for b in blocks_for("flax")} >= {
+    "docs/getting_started.md",
+    "docs/migration/flax_optim.md",
+  }
 
 
-@pytest.mark.parametrize("source", blocks_for("optcore_flax"), ids=lambda s: s.splitlines()[0][:40])
-def test_readme_flax_block_runs(source):
-  run_block(source)
+@pytest.mark.parametrize("block", blocks_for("flax"), ids=block_id)
+def test_flax_block_runs(block):
+  run_block(block)
+
+
+def test_the_api_reference_lists_every_public_name_of_optcore_flax():
+  assert documented_names("optcore_flax") == public_names(optcore_flax)
 
 
 @pytest.mark.parametrize("module", modules_of(optcore_flax), ids=lambda m: m.__name__)

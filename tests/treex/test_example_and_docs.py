@@ -1,12 +1,12 @@
-"""examples/treex_quickstart.py, the README's treex blocks and the adapter's
+"""examples/treex_quickstart.py, the README's and the pages' treex blocks and the adapter's
 docstring examples run as a user runs them."""
 
 from __future__ import annotations
 
 import pytest
+from doc_blocks import block_id, blocks_for, documented_names, public_names, run_block
 from doctests import failures_in, modules_of
 from example_runner import run_example
-from readme_blocks import blocks_for, run_block
 
 import optcore_treex
 
@@ -17,15 +17,17 @@ def test_treex_quickstart_learns_the_map():
   assert "examples seen: 38400; optimizer steps: 300" in stdout
 
 
-def test_readme_has_a_treex_example():
-  assert blocks_for("optcore_treex")
+def test_the_pages_have_treex_examples():
+  assert blocks_for("treex")
 
 
-@pytest.mark.parametrize(
-  "source", blocks_for("optcore_treex"), ids=lambda s: s.splitlines()[0][:40]
-)
-def test_readme_treex_block_runs(source):
-  run_block(source)
+@pytest.mark.parametrize("block", blocks_for("treex"), ids=block_id)
+def test_treex_block_runs(block):
+  run_block(block)
+
+
+def test_the_api_reference_lists_every_public_name_of_optcore_treex():
+  assert documented_names("optcore_treex") == public_names(optcore_treex)
 
 
 @pytest.mark.parametrize("module", modules_of(optcore_treex), ids=lambda m: m.__name__)
