@@ -10,6 +10,7 @@
   nox -s tests-cuda    the suite on JAX's CUDA build (needs an NVIDIA GPU)
   nox -s tests-lowest  each package on the minimum versions its pyproject declares
   nox -s tests-latest  every package on the newest releases, without the lock
+  nox -s docs          the documentation site (docs/_build/html) and screenshots of two pages
 
 Installs come from uv.lock (``uv sync --locked``: a stale lock fails), so every run tests the
 versions developers test; uv.lock resolves per Python (jax 0.10 on 3.11, jax 0.12 on 3.12+).
@@ -247,3 +248,69 @@ def wheels(session: nox.Session) -> None:
       f"print('optcore[{extra}]', optcore.__version__, 'imports optcore and {module}')",
       external=True,
     )
+
+
+# The pages nox -s docs photographs, and the window each is shown in (width, height).
+SCREENSHOTS = {
+  "index.html": ("home.png", (1366, 1100)),
+  "migration/flax_optim.html": ("migration_flax_optim.png", (1366, 2400)),
+}
+
+
+@nox.session(python=PYTHON)
+def docs(session: nox.Session) -> None:
+  """Builds the documentation site with warnings as errors into docs/_build/html, then renders
+  the home page and the flax.optim migration guide in headless Chromium to
+  docs/_build/screenshots/ (Debian's chromium, installed with apt when missing)."""
+  sync(session, None, "docs")
+  build = ROOT / "docs" / "_build"
+  shutil.rmtree(build / "html", ignore_errors=True)
+  session.run("sphinx-build", "-W", "--keep-going", "-b", "html", "docs", str(build / "html"))
+  chromium = _chromium(session)
+  shots = build / "screenshots"
+  shots.mkdir(parents=True, exist_ok=True)
+  for page, (name, (width, height)) in SCREENSHOTS.items():
+    session.run(
+      chromium,
+      "--headless",
+      "--no-sandbox",  # CI runs as root, where Chromium's sandbox refuses to start
+      "--disable-gpu",
+      "--hide-scrollbars",
+      f"--window-size={width},{height}",
+      f"--screenshot={shots / name}",
+      (build / "html" / page).as_uri(),
+      external=True,
+      silent=True,
+    )
+    if not (shots / name).stat().st_size:
+      session.error(f"Chromium wrote an empty screenshot of {page}")
+  session.log(f"site: {build / 'html' / 'index.html'}; screenshots: {sorted(shots.glob('*.png'))}")
+
+
+def _chromium(session: nox.Session) -> str:
+  """Debian's Chromium, installed from the distribution's archive when it is missing."""
+  for name in ("chromium", "chromium-browser"):
+    if found := shutil.which(name):
+      return found
+  if shutil.which("apt-get") is None:
+    session.error("the screenshots need Chromium: install your distribution's chromium package")
+  sudo = [] if os.geteuid() == 0 else ["sudo", "-n"]
+  if sudo and shutil.which("sudo") is None:
+    session.error("Chromium is missing and installing it needs root: apt-get install chromium")
+  session.run(*sudo, "apt-get", "update", "-qq", external=True)
+  session.run(
+    *sudo,
+    "apt-get",
+    "install",
+    "-y",
+    "-qq",
+    "--no-install-recommends",
+    "chromium",
+    "fonts-dejavu-core",
+    external=True,
+    env={"DEBIAN_FRONTEND": "noninteractive"},
+  )
+  found = shutil.which("chromium")
+  if found is None:
+    session.error("apt-get installed chromium, but no chromium is on PATH")
+  return found
