@@ -27,6 +27,8 @@ import optax as _optax
 from optcore._src.adafactor import HEURISTIC_RULE as HEURISTIC_RULE
 from optcore._src.adafactor import Adafactor as Adafactor
 from optcore._src.adafactor import FactorDim as FactorDim
+from optcore._src.adafactor import FactorRule as FactorRule
+from optcore._src.adafactor import HeuristicRule as HeuristicRule
 from optcore._src.adafactor import HParamMap as HParamMap
 from optcore._src.adafactor import factor_name_to_factordim as factor_name_to_factordim
 from optcore._src.adafactor import standard_logical_factor_rules as standard_logical_factor_rules
@@ -51,7 +53,9 @@ __all__ = [
   "HEURISTIC_RULE",
   "Adafactor",
   "FactorDim",
+  "FactorRule",
   "HParamMap",
+  "HeuristicRule",
   "factor_name_to_factordim",
   "standard_logical_factor_rules",
 ]

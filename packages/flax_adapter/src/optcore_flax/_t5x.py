@@ -23,6 +23,8 @@ class T5XFace:
     from the partition rules) still gives a `NamedSharding` for every leaf.
   """
 
+  legacy_state_dicts = True  # T5X's train state passes 'flax_mutables' beside them
+
   def update_hyper_params(self, **hyper_param_overrides: Any) -> Any:
     replaced = hyper_param_overrides.pop("hyper_params", None)
     ignored = sorted(set(hyper_param_overrides) - self.overridable_names())

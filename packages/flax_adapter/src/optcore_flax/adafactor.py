@@ -14,10 +14,13 @@ Example:
 """
 
 import inspect as _inspect
+from typing import Any as _Any
 
 import optcore.adafactor as _core_adafactor
 from optcore.adafactor import HEURISTIC_RULE as HEURISTIC_RULE
 from optcore.adafactor import FactorDim as FactorDim
+from optcore.adafactor import FactorRule as FactorRule
+from optcore.adafactor import HeuristicRule as HeuristicRule
 from optcore.adafactor import HParamMap as HParamMap
 from optcore.adafactor import factor_name_to_factordim as factor_name_to_factordim
 from optcore.adafactor import standard_logical_factor_rules as standard_logical_factor_rules
@@ -26,9 +29,28 @@ from optcore_flax._records import hyper_params_record as _record
 from optcore_flax._t5x import T5XFace as _T5XFace
 from optcore_flax.optim.adafactor import _AdafactorHyperParams as _flax_optim_record
 
+#: T5X's alias for a dtype argument (``dtype_momentum``).
+Dtype = _Any
+
 
 class Adafactor(_T5XFace, _core_adafactor.Adafactor):
   __doc__ = _core_adafactor.Adafactor.__doc__
+
+  def set_param_axes(self, param_logical_axes: _Any) -> None:
+    """T5X's ``set_param_axes``: ``hyper_params.factor_map`` becomes T5X's plain
+    dict from each '/'-joined parameter name to its rule (a FactorDim per
+    dimension), as T5X's own tests read it. A rule of rank <= 2 without BATCH
+    is logged and falls back to the size heuristic when the state is made.
+
+    Example:
+      >>> from jax.sharding import PartitionSpec as P
+      >>> from optcore_flax import adafactor
+      >>> opt_def = adafactor.Adafactor(0.1)
+      >>> opt_def.set_param_axes({'dense': {'kernel': P('vocab', 'embed')}})
+      >>> opt_def.hyper_params.factor_map
+      {'dense/kernel': (<FactorDim.COLUMN: 3>, <FactorDim.ROW: 2>)}
+    """
+    self.replace_factor_map(self.factor_rules(param_logical_axes))
 
 
 # flax.optim's 11 fields, then T5X's 6 additions with their defaults.
@@ -52,8 +74,11 @@ _AdafactorHyperParams = _record(
 __all__ = [
   "HEURISTIC_RULE",
   "Adafactor",
+  "Dtype",
   "FactorDim",
+  "FactorRule",
   "HParamMap",
+  "HeuristicRule",
   "_AdafactorHyperParams",
   "_AdafactorParamState",
   "factor_name_to_factordim",

@@ -19,10 +19,13 @@ Example:
 """
 
 from collections.abc import Callable as _Callable
+from collections.abc import Mapping as _Mapping
 from typing import Any as _Any
 
 import optax as _optax
 import optax.contrib as _optax_contrib
+from flax.core import freeze as freeze
+from flax.core import unfreeze as unfreeze
 
 import optcore as _optcore
 from optcore import OptaxStatePartitionRules as OptaxStatePartitionRules
@@ -70,6 +73,13 @@ class MultiOptimizer(_T5XFace, _optcore.MultiOptimizer):
     >>> sorted(state.param_states)
     ['bias', 'kernel']
   """
+
+
+# T5X's transitional type names (t5x.train_state annotates with them), and its dtype alias.
+OptimizerType = Optimizer
+OptimizerStateType = OptimizerState | _Mapping[str, _Any]
+OptimizerDefType = OptimizerDef
+Dtype = _Any
 
 
 def wrap_optax_optimizer(optax_optimizer: _Callable[..., _Any]) -> _Callable[..., OptaxWrapper]:
@@ -134,6 +144,37 @@ optimistic_adam = _t5x(_optax.optimistic_adam, "optimistic_adam")
 optimistic_adam_v2 = _t5x(_optax.optimistic_adam_v2, "optimistic_adam_v2")
 dpsgd = _t5x(_optax_contrib.dpsgd, "dpsgd")
 
+
+def amos(*args: _Any, **kwargs: _Any) -> OptaxWrapper:
+  """T5X's ``amos``: jestimator's Amos, wrapped as the other factories are.
+
+  jestimator is its only implementation and not a dependency of optcore; its
+  last release (0.3.3) imports ``jax.experimental.pjit.PartitionSpec``, which
+  JAX has removed, so on today's JAX this raises ImportError saying so.
+
+  Raises:
+    ImportError: when ``jestimator.amos`` cannot be imported.
+
+  Example:
+    >>> from optcore_flax import optimizers
+    >>> try:
+    ...   optimizers.amos(0.01, eta_fn=lambda name, shape: 1.0)
+    ... except ImportError as e:
+    ...   print(str(e)[:37])
+    T5X's amos needs jestimator.amos, but
+  """
+  try:
+    from jestimator import amos as jestimator_amos
+  except ImportError as e:
+    raise ImportError(
+      f"T5X's amos needs jestimator.amos, but it does not import here ({e}). jestimator 0.3.3, "
+      "its last release, imports jax.experimental.pjit.PartitionSpec, which today's JAX no "
+      "longer has. Pick another optimizer (optimizers.adafactor, adafactor.Adafactor, "
+      "optimizers.adamw) or a JAX old enough for jestimator."
+    ) from e
+  return _t5x(jestimator_amos.amos, "amos")(*args, **kwargs)
+
+
 __all__ = [
   "MultiOptimizer",
   "OptaxStatePartitionRules",
@@ -144,5 +185,12 @@ __all__ = [
   "chain",
   "wrap_optax_optimizer",
   *_optcore.OPTAX_ALIASES,
+  "Dtype",
+  "OptimizerDefType",
+  "OptimizerStateType",
+  "OptimizerType",
+  "amos",
   "dpsgd",
+  "freeze",
+  "unfreeze",
 ]

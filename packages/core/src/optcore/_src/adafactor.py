@@ -49,8 +49,17 @@ class FactorDim(enum.Enum):
   COLUMN = 3
 
 
+class HeuristicRule(enum.Enum):
+  """T5X's sentinel type: its one member, `HEURISTIC_RULE`, is the factor_map
+  value meaning "decide by the size heuristic"."""
+
+  token = 1
+
+
 #: The factor_map value meaning "decide by the size heuristic".
-HEURISTIC_RULE = "heuristic"
+HEURISTIC_RULE = HeuristicRule.token
+#: What a factor_map gives a parameter: the heuristic, or one FactorDim per dimension.
+FactorRule = HeuristicRule | tuple[FactorDim, ...]
 
 _FACTOR_NAMES = {
   "none": FactorDim.NONE,
@@ -95,12 +104,15 @@ def standard_logical_factor_rules(rules: Mapping[str, Any] | None = None) -> dic
 class HParamMap:
   """A value per parameter path: the first rule whose regex is found
   (``re.search``) in the '/'-joined path wins; no match is a KeyError.
+  Called on a parameter tree, it gives the tree of each leaf's value (T5X's).
 
   Example:
     >>> from optcore.adafactor import HParamMap
     >>> scale = HParamMap([(r'embedding', False), (r'.*', True)])
-    >>> scale['decoder/embedding'], scale('decoder/mlp/wi/kernel')
-    (False, True)
+    >>> scale['decoder/embedding']
+    False
+    >>> scale({'decoder': {'embedding': 0.0, 'mlp': {'kernel': 0.0}}})
+    {'decoder': {'embedding': False, 'mlp': {'kernel': True}}}
   """
 
   def __init__(self, rules: Sequence[tuple[str, Any]]):
@@ -113,8 +125,9 @@ class HParamMap:
         return value
     raise KeyError(f"no rule in this HParamMap matches the parameter {path!r}")
 
-  def __call__(self, path: str) -> Any:
-    return self[path]
+  def __call__(self, params: PyTree) -> PyTree:
+    """A copy of ``params`` holding each leaf's value (T5X's ``HParamMap(params)``)."""
+    return jax.tree_util.tree_map_with_path(lambda keys, _: self[t5x_path(keys)], params)
 
   def __eq__(self, other: object) -> bool:
     return isinstance(other, HParamMap) and other.rules == self.rules
@@ -205,6 +218,14 @@ class Adafactor(OptimizerDef):
 
   _t5x_numerics = True  # the momentum is read back as float32 before the update
   constructor_only = ("factored", "min_dim_size_to_factor", "factor_map", "logical_factor_rules")
+  # The originals branch on these being None (or falsy): None switches the step off.
+  none_means_off = (
+    "clipping_threshold",
+    "weight_decay_rate",
+    "weight_decay_rate_lr_exponent",
+    "global_norm_clip_threshold",
+    "max_parameter_scale",
+  )
 
   def __init__(
     self,
@@ -275,10 +296,10 @@ class Adafactor(OptimizerDef):
     if not hp.factored:
       rule = None
     else:
-      rule = HEURISTIC_RULE if factor_map is None else factor_map[path]
+      rule = factor_map[path] if factor_map else HEURISTIC_RULE  # T5X: an empty map too
     if rule is None:
       return _Roles(len(shape))
-    heuristic = isinstance(rule, str) and rule == HEURISTIC_RULE
+    heuristic = rule is HEURISTIC_RULE
     if not heuristic and len(shape) <= 2:
       rule_dims = tuple(factor_name_to_factordim(r) for r in rule)
       if len(rule_dims) == len(shape) and FactorDim.BATCH not in rule_dims:
@@ -322,29 +343,48 @@ class Adafactor(OptimizerDef):
     """Derives ``factor_map`` from the parameters' logical axis names (T5X).
 
     Each name maps to a role through ``logical_factor_rules`` (default:
-    `standard_logical_factor_rules`). ROW, COLUMN and NONE in one parameter
-    raise ValueError; an unknown or None name raises KeyError; a parameter of
+    `standard_logical_factor_rules`), as `factor_rules` says; a parameter of
     rank <= 2 without BATCH keeps the size heuristic. Changes this definition
     in place, as T5X does: call it before `create`. After this definition
     has made a state (``create``, ``init_state``), it raises instead: the
     optimizers built on it would no longer fit their own state.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from jax.sharding import PartitionSpec as P
+      >>> from optcore.adafactor import Adafactor
+      >>> opt_def = Adafactor(1e-2)
+      >>> opt_def.set_param_axes({'scan': P('layers', 'embed', 'mlp')})
+      >>> opt_def.create({'scan': jnp.ones((2, 4, 3))}).state.param_states['scan'].v_row.shape
+      (2, 4)
     """
-    if self.__dict__.get("_made_state"):
-      raise RuntimeError(
-        "Adafactor.set_param_axes: this definition has already made an optimizer state, and "
-        "changing its factor rules now would change the definition that optimizer holds (its "
-        "next step would not fit its state). Call set_param_axes before create, or on a new "
-        "definition: Adafactor(...) with the same arguments, or copy.copy(opt_def)."
-      )
-    table = standard_logical_factor_rules()
-    table.update(
-      {
-        k: factor_name_to_factordim(v)
-        for k, v in (self.hyper_params.logical_factor_rules or {}).items()
-      }
-    )
-    is_spec = lambda x: x is None or isinstance(x, (PartitionSpec, tuple))
     rules = []
+    for path, rule in self.factor_rules(param_logical_axes).items():
+      if len(rule) <= 2 and FactorDim.BATCH not in rule:
+        rule = HEURISTIC_RULE
+      rules.append((f"^{re.escape(path)}$", rule))
+    self.replace_factor_map(HParamMap(rules))
+
+  def factor_rules(self, param_logical_axes: PyTree) -> dict[str, tuple[FactorDim, ...]]:
+    """T5X's factor rule of each parameter from its logical axis names, by
+    T5X's '/'-joined path (None axes, another group's leaves, are skipped).
+
+    A name maps to its role through ``logical_factor_rules`` (default:
+    `standard_logical_factor_rules`); an unknown or None name raises
+    KeyError; ROW, COLUMN and NONE in one parameter raise ValueError; a
+    parameter without both ROW and COLUMN is not factored (its ROW and COLUMN
+    become NONE, BATCH is kept), as in T5X.
+
+    Example:
+      >>> from jax.sharding import PartitionSpec as P
+      >>> from optcore.adafactor import Adafactor
+      >>> rules = Adafactor().factor_rules({'bias': P('embed'), 'kernel': P('vocab', 'embed')})
+      >>> rules['bias'], rules['kernel']
+      ((<FactorDim.NONE: None>,), (<FactorDim.COLUMN: 3>, <FactorDim.ROW: 2>))
+    """
+    table = standard_logical_factor_rules(self.hyper_params.logical_factor_rules)
+    is_spec = lambda x: x is None or isinstance(x, (PartitionSpec, tuple))
+    rules = {}
     for keys, axes in jax.tree_util.tree_flatten_with_path(param_logical_axes, is_leaf=is_spec)[0]:
       path = t5x_path(keys)
       if axes is None:  # not this definition's parameter (a MultiOptimizer's other group)
@@ -362,10 +402,23 @@ class Adafactor(OptimizerDef):
           f"Adafactor.set_param_axes: {path!r} has axes {names} with roles "
           f"{[r.name for r in rule]}: ROW, COLUMN and NONE cannot be combined in one parameter."
         )
-      if len(rule) <= 2 and FactorDim.BATCH not in rule:
-        rule = HEURISTIC_RULE
-      rules.append((f"^{re.escape(path)}$", rule))
-    self.hyper_params = self.hyper_params.replace(factor_map=HParamMap(rules))
+      if not {FactorDim.ROW, FactorDim.COLUMN} <= set(rule):
+        factored = (FactorDim.ROW, FactorDim.COLUMN)
+        rule = tuple(FactorDim.NONE if r in factored else r for r in rule)
+      rules[path] = rule
+    return rules
+
+  def replace_factor_map(self, factor_map: Any) -> None:
+    """Sets ``factor_map`` in place (`set_param_axes`); refused once this
+    definition has made a state, whose layout the map decides."""
+    if self.__dict__.get("_made_state"):
+      raise RuntimeError(
+        "Adafactor.set_param_axes: this definition has already made an optimizer state, and "
+        "changing its factor rules now would change the definition that optimizer holds (its "
+        "next step would not fit its state). Call set_param_axes before create, or on a new "
+        "definition: Adafactor(...) with the same arguments, or copy.copy(opt_def)."
+      )
+    self.hyper_params = self.hyper_params.replace(factor_map=factor_map)
     self.__dict__.pop("_key_cache", None)  # the definition changed
 
   # State.
@@ -397,8 +450,8 @@ class Adafactor(OptimizerDef):
       raise TypeError(f"Adafactor takes no extra update arguments; got {sorted(extra_args)}")
     check_learning_rate(self, hyper_params)
     keyed, treedef = jax.tree_util.tree_flatten_with_path(params)
-    grads_flat = treedef.flatten_up_to(grads)
-    states_flat = treedef.flatten_up_to(state.param_states)
+    grads_flat = treedef.flatten_up_to(paths.conform(params, grads))
+    states_flat = treedef.flatten_up_to(paths.conform(params, state.param_states))
     threshold = hyper_params.get("global_norm_clip_threshold")
     if threshold:  # T5X: a falsy threshold (None or 0) means no clipping
       # T5X's arithmetic, bitwise: thr * min(1/thr, 1/|g|) over the stacked squared norms.
@@ -462,9 +515,7 @@ class Adafactor(OptimizerDef):
 
     weight_decay = hp.weight_decay_rate
     if hp.get("weight_decay_rate_lr_exponent"):  # T5X: a falsy exponent means none
-      weight_decay = (1.0 if weight_decay is None else weight_decay) * (
-        hp.learning_rate**hp.weight_decay_rate_lr_exponent
-      )
+      weight_decay = _or_one(weight_decay) * hp.learning_rate**hp.weight_decay_rate_lr_exponent
     if weight_decay is not None:
       new_param = (1.0 - weight_decay) * param - subtrahend
     else:
@@ -501,6 +552,15 @@ class Adafactor(OptimizerDef):
 
   def _static_key(self) -> tuple:
     return (*super()._static_key(), self.dtype_momentum, self.skip_nonfinite_updates)
+
+
+def _or_one(rate: Any) -> Any:
+  """T5X's ``weight_decay_rate or 1.0``: None and 0 both mean 1 (traced values too)."""
+  if rate is None:
+    return 1.0
+  if isinstance(rate, (int, float)):
+    return rate or 1.0
+  return jnp.where(rate == 0, 1.0, rate)
 
 
 _LOGGED_RULES: set[tuple[str, tuple, tuple]] = set()

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import PartitionSpec
 
-from optcore._src import export, overrides, serialization, state_axes
+from optcore._src import export, overrides, paths, serialization, state_axes
 from optcore._src.checks import check_float_params, check_learning_rate
 from optcore._src.hyper_params import HyperParams
 from optcore._src.optimizer import Optimizer, OptimizerState
@@ -65,6 +65,19 @@ class OptimizerDef:
   #: (they shape the state): an apply-time override of one is accepted, as
   #: the original accepted it, changes nothing, and warns that it changed nothing.
   constructor_only: tuple[str, ...] = ()
+
+  #: Hyper-parameters whose None the original algorithm reads as "off"
+  #: (Adafactor's ``clipping_threshold``): an apply-time override of None is
+  #: accepted for these, as the original accepted it, and refused for the rest.
+  none_means_off: tuple[str, ...] = ()
+
+  #: Whether `restore_state` reads state dicts as flax.optim and T5X read
+  #: them: the ``'target'`` and ``'state'`` keys only (T5X's train state passes
+  #: its ``'flax_mutables'`` beside them), and NumPy's 64-bit values where the
+  #: state holds the 32-bit dtype JAX makes of them. Definitions written
+  #: against flax.optim's interface (this class, `optcore.legacy`, T5X's
+  #: Adafactor and the T5X face) do; the core's optax wrappers refuse both.
+  legacy_state_dicts: bool = True
 
   def __init__(self, hyper_params: HyperParams | Mapping[str, Any] | Any):
     if dataclasses.is_dataclass(hyper_params) and not isinstance(hyper_params, type):
@@ -124,8 +137,8 @@ class OptimizerDef:
       )
     check_learning_rate(self, hyper_params)
     params_flat, treedef = jax.tree.flatten(params)
-    states_flat = treedef.flatten_up_to(state.param_states)
-    grads_flat = treedef.flatten_up_to(grads)
+    states_flat = treedef.flatten_up_to(paths.conform(params, state.param_states))
+    grads_flat = treedef.flatten_up_to(paths.conform(params, grads))
     out = [
       self.apply_param_gradient(state.step, hyper_params, p, s, g)
       for p, s, g in zip(params_flat, states_flat, grads_flat, strict=True)
@@ -356,9 +369,24 @@ class OptimizerDef:
     """Reads a `state_dict` into the structure of ``target`` and ``state``.
 
     Raises `StateDictError`, naming the path, for a missing or extra key, a
-    shape or a dtype that differ; nothing is changed then.
+    shape or a dtype that differ; nothing is changed then. With
+    `legacy_state_dicts` (flax.optim's interface), keys beside ``'target'``
+    and ``'state'`` are ignored and 64-bit NumPy values restore into their
+    32-bit state leaves, as in flax.optim and T5X.
+
+    Example:
+      >>> import numpy as np, jax.numpy as jnp
+      >>> from optcore import legacy
+      >>> opt = legacy.Momentum(0.1).create({'w': jnp.zeros(2)})
+      >>> state_dict = opt.state_dict()
+      >>> state_dict['state']['step'] = np.int64(7)  # as T5X's replace_step writes it
+      >>> state_dict['flax_mutables'] = {}  # as T5X's train state passes it
+      >>> opt.restore_state(state_dict).state.step
+      array(7, dtype=int32)
     """
-    return serialization.restore_optimizer_state(target, state, state_dict)
+    return serialization.restore_optimizer_state(
+      target, state, state_dict, legacy=self.legacy_state_dicts
+    )
 
   # Definitions are static data of jitted pytrees: equal configs, equal defs.
 

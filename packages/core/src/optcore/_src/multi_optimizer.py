@@ -89,6 +89,12 @@ class MultiOptimizer(OptimizerDef):
     return all(opt.per_parameter_state for opt in self.sub_optimizers)
 
   @property
+  def legacy_state_dicts(self) -> bool:  # type: ignore[override]
+    """Read as flax.optim and T5X read them when any group is flax.optim-style
+    (``create(focus=...)`` of a legacy definition is a MultiOptimizer)."""
+    return any(opt.legacy_state_dicts for opt in self.sub_optimizers)
+
+  @property
   def per_example_gradients(self) -> bool:  # type: ignore[override]
     # One gradient tree serves every group: per-example only if every group takes them.
     return all(opt.per_example_gradients for opt in self.sub_optimizers)

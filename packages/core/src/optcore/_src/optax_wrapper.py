@@ -58,6 +58,7 @@ class OptaxWrapper(OptimizerDef):
   """
 
   per_parameter_state = False  # optax lays its state out by field, not by parameter
+  legacy_state_dicts = False  # the core face: exactly 'target' and 'state', exact dtypes
 
   def __init__(
     self,

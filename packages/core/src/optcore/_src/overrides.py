@@ -59,6 +59,8 @@ def resolve(optimizer_def: Any, **hyper_param_overrides: Any) -> HyperParams:
     except TypeError as e:
       raise TypeError(f"{optimizer_def!r}: {e}") from None
     for name, value in hyper_param_overrides.items():
+      if value is None and name in optimizer_def.none_means_off:
+        continue  # the original's code reads None as "off"
       check_override(optimizer_def.display_name(), name, hyper_params[name], value)
     hyper_params = replaced
   return hyper_params

@@ -115,7 +115,7 @@ def normalize_param_axes(params: PyTree, params_axes: PyTree) -> PyTree:
   """
   keyed, treedef = jax.tree_util.tree_flatten_with_path(params)
   try:
-    given = treedef.flatten_up_to(params_axes)
+    given = treedef.flatten_up_to(paths.conform(params, params_axes))
   except (ValueError, TypeError) as e:
     raise PartitionRuleError(
       "the parameter axes do not have the structure of the parameters: give one PartitionSpec "

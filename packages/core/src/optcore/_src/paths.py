@@ -12,7 +12,7 @@ adapters register their framework's types; the core imports none.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -150,3 +150,57 @@ def _walk(node: Any, names: tuple[str, ...], out: list, keep_none: bool) -> None
   for key, child in split[0]:
     if child is not None or keep_none:  # None is an empty subtree, as in jax's flatten
       _walk(child, (*names, key_name(key)), out, keep_none)
+
+
+def conform(reference: Any, tree: Any) -> Any:
+  """``tree`` with each mapping rebuilt as the mapping ``reference`` has at that
+  position, where the two differ only in their mapping type (a dict and a Flax
+  FrozenDict with the same keys); everything else is left as it is, for the
+  structure checks to report.
+
+  Real programs mix the two (Flax's ``freeze`` and ``get_axis_names`` give
+  FrozenDicts, user code plain dicts), and flax.optim and T5X took either:
+  gradients, axes, masks and states meet the parameters in the parameters'
+  own container type. ``tree`` may be a prefix of ``reference`` (a mask, axes
+  with a None per subtree). Costs one structure comparison when the two match.
+  """
+  if tree is reference or reference is None or tree is None:
+    return tree
+  if jax.tree.structure(reference) == jax.tree.structure(tree):
+    return tree
+  return _conform(reference, tree)
+
+
+def _conform(reference: Any, tree: Any) -> Any:
+  if reference is None or tree is None:
+    return tree
+  split = children_with_keys(reference)
+  if split is None:
+    return tree
+  children, treedef = split
+  if isinstance(reference, Mapping) and isinstance(tree, Mapping):
+    keys = [getattr(key, "key", None) for key, _ in children]
+    if type(reference) is type(tree) or set(keys) != set(tree) or len(keys) != len(tree):
+      return _conform_same_type(children, tree)
+    return treedef.unflatten(
+      [_conform(child, tree[k]) for k, (_, child) in zip(keys, children, strict=True)]
+    )
+  if type(reference) is type(tree):
+    return _conform_same_type(children, tree)
+  return tree
+
+
+def _conform_same_type(reference_children: list, tree: Any) -> Any:
+  """``tree``'s own node, its children conformed to the reference's children."""
+  split = children_with_keys(tree)
+  if split is None or len(split[0]) != len(reference_children):
+    return tree
+  children, treedef = split
+  if [str(k) for k, _ in children] != [str(k) for k, _ in reference_children]:
+    return tree
+  return treedef.unflatten(
+    [
+      _conform(ref, child)
+      for (_, ref), (_, child) in zip(reference_children, children, strict=True)
+    ]
+  )

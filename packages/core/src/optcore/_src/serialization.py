@@ -64,16 +64,26 @@ def optimizer_state_dict(target: Any, state: Any) -> dict[str, Any]:
   return {"target": to_state_dict(target), "state": to_state_dict(state)}
 
 
-def restore_optimizer_state(target: Any, state: Any, state_dict: Any) -> tuple[Any, Any]:
+def restore_optimizer_state(
+  target: Any, state: Any, state_dict: Any, *, legacy: bool = False
+) -> tuple[Any, Any]:
   """Reads an optimizer state dict (exactly ``target`` and ``state``) into the
-  structure of ``target`` and ``state``; raises `StateDictError` naming the path."""
-  if not isinstance(state_dict, Mapping) or set(state_dict) != {"target", "state"}:
+  structure of ``target`` and ``state``; raises `StateDictError` naming the path.
+
+  ``legacy``: read it as flax.optim and T5X read it. Only ``target`` and
+  ``state`` are read, other keys are left to the caller (T5X's train state
+  passes its ``flax_mutables`` along), and a value whose dtype JAX makes the
+  reference's without x64 (NumPy's int64 step, float64 arrays) is taken in the
+  reference's dtype, as the original's next step took it.
+  """
+  if not isinstance(state_dict, Mapping) or not (
+    {"target", "state"} <= set(state_dict) if legacy else set(state_dict) == {"target", "state"}
+  ):
     found = sorted(state_dict) if isinstance(state_dict, Mapping) else type(state_dict).__name__
-    raise StateDictError(
-      f"an optimizer state dict has exactly the keys ['state', 'target'], found {found}"
-    )
-  new_target = from_state_dict(target, state_dict["target"], root="target")
-  new_state = from_state_dict(state, state_dict["state"], root="state")
+    wanted = "the keys" if legacy else "exactly the keys"
+    raise StateDictError(f"an optimizer state dict has {wanted} ['state', 'target'], found {found}")
+  new_target = _restore(target, state_dict["target"], "target", legacy)
+  new_state = _restore(state, state_dict["state"], "state", legacy)
   return new_target, new_state
 
 
@@ -152,10 +162,10 @@ def from_state_dict(reference: Any, state_dict: Any, *, root: str = "") -> Any:
     ...
     optcore.StateDictError: at 'target/w': expected ... shape (2,) ... found ... shape (3,) ...
   """
-  return _restore(reference, state_dict, root)
+  return _restore(reference, state_dict, root, False)
 
 
-def _restore(ref: Any, value: Any, path: str) -> Any:
+def _restore(ref: Any, value: Any, path: str, legacy: bool) -> Any:
   if ref is None:
     if value is not None:
       raise StateDictError(f"at {path!r}: expected None, found {describe(value)}.")
@@ -163,10 +173,10 @@ def _restore(ref: Any, value: Any, path: str) -> Any:
   hidden = paths.hidden_child(ref)
   if hidden is not None:
     child, treedef = hidden
-    return treedef.unflatten([_restore(child, value, path)])
+    return treedef.unflatten([_restore(child, value, path, legacy)])
   split = paths.children_with_keys(ref)
   if split is None:
-    return _restore_leaf(ref, value, path)
+    return _restore_leaf(ref, value, path, legacy)
   children, treedef = split
   if not isinstance(value, Mapping):
     raise StateDictError(
@@ -184,7 +194,7 @@ def _restore(ref: Any, value: Any, path: str) -> Any:
   for name, (_, child) in zip(names, children, strict=True):
     child_path = f"{path}/{name}" if path else name
     if name in value:
-      new_children.append(_restore(child, value[name], child_path))
+      new_children.append(_restore(child, value[name], child_path, legacy))
     elif _is_empty(child):
       new_children.append(child)
     else:
@@ -195,7 +205,7 @@ def _restore(ref: Any, value: Any, path: str) -> Any:
   return treedef.unflatten(new_children)
 
 
-def _restore_leaf(ref: Any, value: Any, path: str) -> Any:
+def _restore_leaf(ref: Any, value: Any, path: str, legacy: bool) -> Any:
   if isinstance(ref, PartitionSpec):  # a tree of logical axes (derive_logical_axes)
     if not isinstance(value, PartitionSpec):
       raise StateDictError(f"at {path!r}: expected a PartitionSpec, found {describe(value)}.")
@@ -217,12 +227,32 @@ def _restore_leaf(ref: Any, value: Any, path: str) -> Any:
     value_dtype = getattr(value, "dtype", None)
     if value_dtype is None:  # a Python scalar or list: take the reference's dtype, if it fits
       return _python_value(value, ref, path)
+    if value_dtype != ref_dtype and legacy and _same_without_x64(value, ref_dtype, path):
+      return np.asarray(value).astype(ref_dtype)
     if value_dtype != ref_dtype:
       raise StateDictError(
         f"at {path!r}: expected {describe(ref)}, found {describe(value)}. Cast the "
         f"checkpoint's value to {_dtype_name(ref_dtype)} before restoring it."
       )
   return value
+
+
+def _same_without_x64(value: Any, ref_dtype: Any, path: str) -> bool:
+  """Whether JAX without x64 gives ``value`` and the reference one dtype (int64 and
+  int32, float64 and float32); an integer that int32 cannot hold raises."""
+  try:
+    canonical = jax.dtypes.canonicalize_dtype
+    same = canonical(value.dtype) == canonical(ref_dtype)
+  except TypeError:  # typed PRNG keys have no canonical NumPy dtype
+    return False
+  if same and np.dtype(ref_dtype).kind in "iu":
+    info, array = np.iinfo(ref_dtype), np.asarray(value)
+    if array.size and (array.min() < info.min or array.max() > info.max):
+      raise StateDictError(
+        f"at {path!r}: expected an array of dtype {_dtype_name(ref_dtype)}, found "
+        f"{describe(value)} holding values outside its range; restoring it would wrap them."
+      )
+  return same
 
 
 def _python_value(value: Any, ref: Any, path: str) -> Any:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from optcore._src import paths
 from optcore._src.checks import check_gradients
 
 PyTree = Any
@@ -43,6 +44,7 @@ def apply_step(
     (Array([0.5, 0.5], dtype=float32), 1)
   """
   if params is not None:
+    grads = paths.conform(params, grads)  # a dict and a FrozenDict are one container
     check_gradients(optimizer_def, params, grads)
   elif apply_updates:
     raise ValueError("params must be provided if apply_updates is True")

@@ -203,6 +203,7 @@ def _check_mask(mask: PyTree, params: PyTree, what: str) -> PyTree:
         "leave frozen). Build it with jax.tree.map(lambda x: <bool>, params)."
       )
   try:
+    mask = paths.conform(params, mask)
     return jax.tree.map(lambda m, sub: jax.tree.map(lambda _: bool(m), sub), mask, params)
   except ValueError as e:
     raise SelectorError(
