@@ -19,6 +19,7 @@ Example:
 """
 
 from optcore._src.adafactor import LegacyAdafactor as Adafactor
+from optcore._src.base import ReplicatedOptimizer as ReplicatedOptimizer
 from optcore._src.adafactor import _AdafactorParamState as AdafactorParamState
 from optcore._src.dynamic_scale import DynamicScale as DynamicScale
 from optcore._src.dynamic_scale import DynamicScaleResult as DynamicScaleResult
@@ -58,6 +59,7 @@ __all__ = [
   "MomentumParamState",
   "RMSProp",
   "RMSPropParamState",
+  "ReplicatedOptimizer",
   "WeightNorm",
   "WeightNormParamState",
 ]

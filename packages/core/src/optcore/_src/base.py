@@ -21,7 +21,7 @@ from jax.sharding import PartitionSpec
 from optcore._src import export, overrides, paths, serialization, state_axes
 from optcore._src.checks import check_float_params, check_learning_rate
 from optcore._src.hyper_params import HyperParams
-from optcore._src.optimizer import Optimizer, OptimizerState
+from optcore._src.optimizer import Optimizer, OptimizerState, replicated
 
 PyTree = Any
 
@@ -207,6 +207,14 @@ class OptimizerDef:
 
       return MultiOptimizer((focus, self)).create(target)
     return Optimizer(self, self.init_state(target), target)
+
+  def replicated(self, devices: Sequence[Any], axis_name: str = "batch") -> OptimizerDef:
+    """This definition under a `ReplicatedOptimizer` (`Optimizer.replicate`)."""
+    return ReplicatedOptimizer(self, devices, axis_name)
+
+  def unreplicated(self) -> OptimizerDef | None:
+    """The definition `replicated` wrapped; None for one it did not make."""
+    return None
 
   def as_optax(self) -> optax.GradientTransformationExtraArgs:
     """This definition as an optax transformation, for `flax.training.train_state.TrainState`,
@@ -421,6 +429,71 @@ def _register_static(cls: type) -> None:
 
 
 _register_static(OptimizerDef)
+
+
+class ReplicatedOptimizer(OptimizerDef):
+  """flax.optim's data-parallel definition, which `Optimizer.replicate` puts
+  around the replicated optimizer's own: inside ``jax.pmap(...,
+  axis_name=axis_name)`` each step first averages the gradients across the
+  replicas. Its state dict holds one copy; a restore replicates it again.
+  Deprecated in flax.optim in favour of ``jax_utils.replicate`` and an
+  explicit ``lax.pmean``, and kept here for the programs that still call it.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> import optcore
+    >>> opt = optcore.legacy.GradientDescent(0.1).create({'w': jnp.ones(2)}).replicate()
+    >>> type(opt.optimizer_def).__name__, opt.target['w'].shape[0] == jax.local_device_count()
+    ('ReplicatedOptimizer', True)
+    >>> grads = {'w': jnp.ones((jax.local_device_count(), 2))}
+    >>> opt = jax.pmap(lambda o, g: o.apply_gradient(g), axis_name='batch')(opt, grads)
+    >>> opt.unreplicate().target['w']
+    Array([0.9, 0.9], dtype=float32)
+  """
+
+  def __init__(
+    self,
+    optimizer_def: OptimizerDef,
+    devices: Sequence[Any] | None = None,
+    axis_name: str = "batch",
+  ):
+    super().__init__(optimizer_def.hyper_params)
+    self.optimizer_def = optimizer_def
+    self.devices = list(devices or jax.local_devices())
+    self.axis_name = axis_name
+    self.per_parameter_state = optimizer_def.per_parameter_state
+    self.legacy_state_dicts = optimizer_def.legacy_state_dicts
+
+  def init_state(self, params: PyTree) -> OptimizerState:
+    return self.optimizer_def.init_state(params)
+
+  def unreplicated(self) -> OptimizerDef:
+    return self.optimizer_def
+
+  def update_hyper_params(self, **hyper_param_overrides: Any) -> Any:
+    return self.optimizer_def.update_hyper_params(**hyper_param_overrides)
+
+  def apply_gradient(self, hyper_params, params, state, grads, **extra_args):
+    mean = lambda g: jax.lax.psum(g, self.axis_name) / jax.lax.psum(1, self.axis_name)
+    grads = jax.tree.map(mean, grads)
+    return self.optimizer_def.apply_gradient(hyper_params, params, state, grads, **extra_args)
+
+  def state_dict(self, target: PyTree, state: OptimizerState) -> dict[str, Any]:
+    return jax.tree.map(lambda x: x[0], self.optimizer_def.state_dict(target, state))
+
+  def restore_state(self, target, state, state_dict):
+    # Read one copy against the first replica, then replicate what was read.
+    first = lambda tree: jax.tree.map(lambda x: x[0], tree)
+    one_target, one_state = self.optimizer_def.restore_state(
+      first(target), first(state), state_dict
+    )
+    return replicated((one_target, one_state), self.devices)
+
+  def _static_key(self) -> tuple:
+    return (type(self), self.optimizer_def, tuple(map(id, self.devices)), self.axis_name)
+
+  def __repr__(self) -> str:
+    return f"ReplicatedOptimizer({self.optimizer_def!r}, axis_name={self.axis_name!r})"
 
 
 def _required_mesh(mesh: jax.sharding.Mesh | None) -> jax.sharding.Mesh:

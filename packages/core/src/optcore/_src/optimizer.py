@@ -131,17 +131,25 @@ class Optimizer(Generic[T]):
     *outputs, grad = self.compute_gradient(loss_fn)
     return (self.apply_gradient(grad, **hyper_param_overrides), *outputs)
 
-  def replicate(self, devices: Sequence[Any] | None = None) -> Optimizer[T]:
-    """A copy with a leading device axis, for ``jax.pmap`` (flax.optim's)."""
+  def replicate(
+    self, devices: Sequence[Any] | None = None, axis_name: str = "batch"
+  ) -> Optimizer[T]:
+    """flax.optim's (deprecated) data-parallel copy: the target and state with a
+    leading device axis for ``jax.pmap(..., axis_name=axis_name)``, under a
+    `ReplicatedOptimizer` that averages the gradients across the replicas
+    before each step, as flax.optim's did. (``flax.jax_utils.replicate`` and
+    an explicit ``lax.pmean`` do the same without it.)"""
     devices = list(devices or jax.local_devices())
-    mesh = jax.sharding.Mesh(np.array(devices), ("replica",))
-    sharding = jax.sharding.NamedSharding(mesh, PartitionSpec("replica"))
-    copies = lambda x: jnp.broadcast_to(x, (len(devices), *jnp.shape(x)))
-    return jax.tree.map(lambda x: jax.device_put(copies(x), sharding), self)
+    wrapped = self.optimizer_def.replicated(devices, axis_name)
+    return replicated(self, devices).replace(optimizer_def=wrapped)
 
   def unreplicate(self) -> Optimizer[T]:
-    """The first device's copy of a replicated optimizer."""
-    return jax.tree.map(lambda x: x[0], self)
+    """The first device's copy of an optimizer made by `replicate`, under its own
+    definition again; ValueError for any other, as in flax.optim."""
+    inner = self.optimizer_def.unreplicated()
+    if inner is None:
+      raise ValueError("Cannot unreplicate an optimizer that is not replicated.")
+    return jax.tree.map(lambda x: x[0], self).replace(optimizer_def=inner)
 
   def state_dict(self) -> dict[str, Any]:
     """The state dict in Flax's layout: ``{'target': ..., 'state': ...}``."""
@@ -159,3 +167,11 @@ class Optimizer(Generic[T]):
 jax.tree_util.register_dataclass(
   Optimizer, data_fields=["state", "target"], meta_fields=["optimizer_def"]
 )
+
+
+def replicated(tree: PyTree, devices: Sequence[Any]) -> PyTree:
+  """``tree`` with a leading axis of one copy per device, laid out over ``devices``."""
+  mesh = jax.sharding.Mesh(np.array(devices), ("replica",))
+  sharding = jax.sharding.NamedSharding(mesh, PartitionSpec("replica"))
+  copies = lambda x: jnp.broadcast_to(x, (len(devices), *jnp.shape(x)))
+  return jax.tree.map(lambda x: jax.device_put(copies(x), sharding), tree)

@@ -8,6 +8,7 @@ from optcore import MultiOptimizer as MultiOptimizer
 from optcore import Optimizer as Optimizer
 from optcore import OptimizerDef as OptimizerDef
 from optcore import OptimizerState as OptimizerState
+from optcore.legacy import ReplicatedOptimizer as ReplicatedOptimizer
 
 
 class ModelParamTraversal(traverse_util.ModelParamTraversal):
@@ -26,4 +27,11 @@ class ModelParamTraversal(traverse_util.ModelParamTraversal):
     return object.__new__(cls)
 
 
-__all__ = ["ModelParamTraversal", "MultiOptimizer", "Optimizer", "OptimizerDef", "OptimizerState"]
+__all__ = [
+  "ModelParamTraversal",
+  "MultiOptimizer",
+  "Optimizer",
+  "OptimizerDef",
+  "OptimizerState",
+  "ReplicatedOptimizer",
+]
