@@ -19,8 +19,8 @@ Example:
 """
 
 from optcore._src.adafactor import LegacyAdafactor as Adafactor
-from optcore._src.base import ReplicatedOptimizer as ReplicatedOptimizer
 from optcore._src.adafactor import _AdafactorParamState as AdafactorParamState
+from optcore._src.base import ReplicatedOptimizer as ReplicatedOptimizer
 from optcore._src.dynamic_scale import DynamicScale as DynamicScale
 from optcore._src.dynamic_scale import DynamicScaleResult as DynamicScaleResult
 from optcore._src.legacy import LAMB as LAMB
