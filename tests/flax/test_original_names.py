@@ -25,7 +25,9 @@ FLAX_OPTIM = {
     "adabelief adadelta adafactor adagrad adam base dynamic_scale lamb lars momentum rmsprop "
     "sgd weight_norm"
   ),
-  "base": "OptimizerState OptimizerDef Optimizer ReplicatedOptimizer MultiOptimizer ModelParamTraversal",
+  "base": (
+    "OptimizerState OptimizerDef Optimizer ReplicatedOptimizer MultiOptimizer ModelParamTraversal"
+  ),
   "adabelief": "AdaBelief _AdaBeliefHyperParams _AdaBeliefParamState",
   "adadelta": "Adadelta _AdadeltaHyperParams _AdadeltaParamState",
   "adafactor": "Adafactor _AdafactorHyperParams _AdafactorParamState",
