@@ -224,7 +224,7 @@ def test_a_restore_of_values_that_do_not_fit_names_the_path_and_changes_nothing(
         "name": "chain",
         "transformations": [{"transform": "apply_updates", "params": 1, "updates": 1}],
       },
-      r"at 'transformations\[0\]'.*does not build a transformation",
+      r"at 'transformations\[0\]\.transform'.*does not build a transformation",
     ),
     ({"name": "adam", "learning_rate": {"schedule": "__init__"}}, r"no schedule '__init__'"),
   ],

@@ -30,8 +30,12 @@ Example:
 
 from __future__ import annotations
 
+import collections.abc
 import functools
 import inspect
+import math
+import types
+import typing
 from collections.abc import Mapping
 from typing import Any
 
@@ -72,24 +76,35 @@ class Schedule:
     (0.5, True)
   """
 
+  #: Read per step by the definitions whose algorithms take numbers (`optcore.legacy`).
+  is_schedule = True
+
   def __init__(self, name: str, **kwargs: Any):
     factory = getattr(optax.schedules, name, None)
     if not _public_optax_function(optax.schedules, name) or not name.endswith("schedule"):
       raise ConfigError(f"optax.schedules has no schedule {name!r}")
     self.name, self.kwargs = name, dict(kwargs)
+    _check_arguments(name, factory, kwargs, "")
+    _check_types(name, factory, kwargs, "")
     try:
       self._fn = factory(**kwargs)
-    except TypeError as e:
+      first = self._fn(0)
+    except (TypeError, ValueError, ZeroDivisionError) as e:
       raise ConfigError(f"schedule {name!r}: {e}") from None
+    if np.shape(first) != () or not np.isfinite(first):
+      raise ConfigError(
+        f"schedule {name!r} with {kwargs} gives {first!r} at step 0; a schedule gives one "
+        "finite number per step. Check its arguments."
+      )
 
   def __call__(self, count: Any) -> Any:
     return self._fn(count)
 
   def __eq__(self, other: object) -> bool:
-    return isinstance(other, Schedule) and (self.name, self.kwargs) == (other.name, other.kwargs)
+    return isinstance(other, Schedule) and _key(self) == _key(other)
 
-  def __hash__(self) -> int:
-    return hash((self.name, tuple(sorted(self.kwargs.items()))))
+  def __hash__(self) -> int:  # by value: kwargs may hold lists (boundaries)
+    return hash(_key(self))
 
   def __repr__(self) -> str:
     inner = ", ".join(f"{k}={v!r}" for k, v in self.kwargs.items())
@@ -216,9 +231,8 @@ def _check_types(name: str, factory: Any, args: Mapping[str, Any], path: str) ->
     if p is None:
       continue
     where = _join(path, key)
-    # A number by its default, its name, or (default None) its annotation: Optional[float].
-    annotated = p.default is None and "float" in str(p.annotation)
-    numeric = _is_number(p.default) or key.endswith("learning_rate") or annotated
+    # A number by its default, its name, or its annotation (float, int, optax's Numeric).
+    numeric = _is_number(p.default) or key.endswith("learning_rate") or _takes_numbers(p)
     if numeric:
       if isinstance(value, Mapping) and "schedule" in value:
         continue
@@ -236,15 +250,62 @@ def _check_types(name: str, factory: Any, args: Mapping[str, Any], path: str) ->
           "refused, not converted. Write it as a number (YAML 1.1 reads 1e-3 as a string: "
           "write 1.0e-3)."
         )
-      if not _is_number(value):
+      if not _is_number(value) and not _takes_other_values(p, value):
         raise ConfigError(
           f"at {where!r}: expected a number"
           + (" or a schedule" if key.endswith("learning_rate") else "")
           + f", found {value!r}"
           + (" (an empty YAML field reads as None)" if value is None else "")
         )
+      if _is_number(value):
+        _check_finite(value, where)
     elif isinstance(p.default, bool) and not isinstance(value, bool):
       raise ConfigError(f"at {where!r}: {key} is a flag: expected true or false, found {value!r}")
+
+
+def _annotation_args(p: inspect.Parameter) -> tuple[Any, ...]:
+  """The types an argument's annotation admits (one, or a Union's members)."""
+  annotation = p.annotation
+  if annotation is inspect.Parameter.empty or isinstance(annotation, str):
+    return ()
+  if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+    return typing.get_args(annotation)
+  return (annotation,)
+
+
+def _takes_numbers(p: inspect.Parameter) -> bool:
+  """An argument annotated with numbers (float, int, optax's Numeric or Optional[float])."""
+  admitted = _annotation_args(p)
+  return any(a in (int, float) for a in admitted) and not any(
+    a is str or a is typing.Any for a in admitted
+  )
+
+
+def _takes_other_values(p: inspect.Parameter, value: Any) -> bool:
+  """A value besides a number that the argument's annotation admits: None for
+  Optional[...] (or a None default), a list, a mapping, a callable config."""
+  if value is None:
+    return p.default is None or type(None) in _annotation_args(p)
+  if isinstance(value, Mapping) and "name" in value:  # an optimizer config, where one fits
+    return False
+  origins = {typing.get_origin(a) or a for a in _annotation_args(p)}
+  return isinstance(value, (list, Mapping)) and bool(
+    origins & {list, tuple, dict, collections.abc.Sequence, collections.abc.Mapping}
+  )
+
+
+def _check_finite(value: Any, where: str) -> None:
+  """A config number is finite and fits float32 (JAX's default), as an override must."""
+  try:
+    as_float = float(value)
+  except OverflowError:
+    as_float = math.inf
+  if not math.isfinite(as_float) or abs(as_float) > float(np.finfo(np.float32).max):
+    shown = f"an integer of {len(str(value))} digits" if isinstance(value, int) else repr(value)
+    raise ConfigError(
+      f"at {where!r}: {shown} is not a finite number that float32 can hold; every value it "
+      "touches would become NaN or infinite. Write a finite number."
+    )
 
 
 def _value(key: str, value: Any, where: str) -> Any:
@@ -253,6 +314,9 @@ def _value(key: str, value: Any, where: str) -> Any:
     try:
       return Schedule(value["schedule"], **kwargs)
     except ConfigError as e:
+      message = str(e)
+      if message.startswith("at '"):  # a field of the schedule: name it from the config's root
+        return _raise(f"at '{where}.{message[4:]}")
       raise ConfigError(f"at {where!r}: {e}") from None
   if isinstance(value, Mapping) and "name" in value:
     return from_config(value, _path=where)
@@ -260,9 +324,15 @@ def _value(key: str, value: Any, where: str) -> Any:
     return {str(k): _value(str(k), v, _join(where, str(k))) for k, v in value.items()}
   if "dtype" in key and isinstance(value, str):
     try:
-      return jnp.dtype(value)
+      dtype = jnp.dtype(value)
     except TypeError:
       raise ConfigError(f"at {where!r}: {value!r} is not a dtype name") from None
+    if not jnp.issubdtype(dtype, jnp.inexact):
+      raise ConfigError(
+        f"at {where!r}: {value!r} is not a floating dtype; optimizer state is kept in a float "
+        "dtype (an integer one would truncate it to 0). Write e.g. 'bfloat16' or 'float32'."
+      )
+    return dtype
   if isinstance(value, (bool, int, float, str)) or value is None:
     return value
   if isinstance(value, list):
@@ -306,18 +376,16 @@ class _Transform:
 
   def __init__(self, name: str, kwargs: dict[str, Any]):
     self.name, self.kwargs = name, kwargs
-    self.tx = getattr(optax, name)(**kwargs)
-    if not (
-      callable(getattr(self.tx, "init", None)) and callable(getattr(self.tx, "update", None))
-    ):
-      raise TypeError(f"optax.{name} does not build a transformation (init/update)")
+    # Where optax takes a transformation, an optimizer the config built goes in as one.
+    built = {k: v.as_optax() if isinstance(v, OptimizerDef) else v for k, v in kwargs.items()}
+    self.tx = getattr(optax, name)(**built)
     self.init, self.update = self.tx.init, self.tx.update
 
   def __eq__(self, other: object) -> bool:
-    return isinstance(other, _Transform) and (self.name, self.kwargs) == (other.name, other.kwargs)
+    return isinstance(other, _Transform) and _key(self) == _key(other)
 
-  def __hash__(self) -> int:
-    return hash((self.name, tuple(sorted(self.kwargs.items()))))
+  def __hash__(self) -> int:  # by value: kwargs may hold dicts (a mask) and definitions
+    return hash(_key(self))
 
   def __repr__(self) -> str:
     inner = ", ".join(f"{k}={v!r}" for k, v in self.kwargs.items())
@@ -335,6 +403,13 @@ def _public_optax_function(module: Any, name: Any) -> bool:
   return inspect.isfunction(fn) and fn.__module__.split(".")[0] == "optax"
 
 
+def _builds_transformation(fn: Any) -> bool:
+  """Whether optax declares that ``fn`` returns a GradientTransformation: known
+  before anything is called."""
+  returned = inspect.signature(fn).return_annotation
+  return isinstance(returned, type) and issubclass(returned, optax.GradientTransformation)
+
+
 def _transform(item: Mapping[str, Any], where: str) -> _Transform:
   name = item["transform"]
   if not _public_optax_function(optax, name):
@@ -342,11 +417,21 @@ def _transform(item: Mapping[str, Any], where: str) -> _Transform:
       f"at {_join(where, 'transform')!r}: {name!r} is not a public optax transformation; name "
       "one of optax's functions, e.g. 'clip_by_global_norm'"
     )
-  kwargs = {k: _value(k, v, _join(where, k)) for k, v in item.items() if k != "transform"}
+  if not _builds_transformation(getattr(optax, name)):
+    raise ConfigError(
+      f"at {_join(where, 'transform')!r}: optax.{name} does not build a transformation (optax "
+      "declares another return type), so it is not called; name a function that returns a "
+      "GradientTransformation, e.g. 'clip_by_global_norm'"
+    )
+  args = {k: v for k, v in item.items() if k != "transform"}
+  fn = getattr(optax, name)
+  _check_arguments(f"optax.{name}", fn, args, where)
+  _check_types(f"optax.{name}", fn, args, where)
+  kwargs = {k: _value(k, v, _join(where, k)) for k, v in args.items()}
   try:
     return _Transform(name, kwargs)
-  except TypeError as e:
-    raise ConfigError(f"at {where!r}: {name}: {e}") from None
+  except (TypeError, ValueError) as e:
+    raise ConfigError(f"at {where!r}: optax.{name}: {e}") from None
 
 
 # Writing.
@@ -410,6 +495,14 @@ def _non_default(values: Mapping[str, Any], params: Mapping[str, inspect.Paramet
       continue
     out[name] = _write(name, value)
   return out
+
+
+def _key(item: Schedule | _Transform) -> Any:
+  return static_key((item.name, item.kwargs))
+
+
+def _raise(message: str) -> Any:
+  raise ConfigError(message) from None
 
 
 def _join(path: str, key: str) -> str:
