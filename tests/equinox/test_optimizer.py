@@ -231,6 +231,29 @@ def test_a_failed_restore_changes_nothing():
   assert_trees_equal(opt, before)
 
 
+def test_a_restore_with_an_int_key_says_what_it_found_and_changes_nothing():
+  _, opt = train_ours(optcore.adam(1e-2), steps=1)
+  bad = opt.state_dict()
+  layers = bad["state"]["param_states"]["0"]["mu"]["layers"]
+  bad["state"]["param_states"]["0"]["mu"]["layers"] = {int(k): v for k, v in layers.items()}
+  before = jax.tree.map(np.array, opt)
+  with pytest.raises(optcore.StateDictError, match=r"mu/layers': found the key 0 \(int\)"):
+    opt.restore_state(bad)
+  assert_trees_equal(opt, before)
+
+
+def test_a_partial_hyper_params_dict_and_a_schedule_of_vectors_in_the_equinox_face():
+  model = mlp()
+  opt = optcore_equinox.Optimizer(optcore.adam(0.1, b1=0.5), model)
+  grads = eqx.filter_grad(loss)(model)
+  by_dict, _ = opt.update(grads, model, hyper_params={"learning_rate": 0.2})
+  by_keyword, _ = opt.update(grads, model, learning_rate=0.2)
+  assert_same_model(by_dict, by_keyword)
+  step = eqx.filter_jit(lambda m, o: o.update(grads, m, learning_rate=lambda c: jnp.ones(3)))
+  with pytest.raises(ValueError, match=r"learning_rate has shape \(3,\)"):
+    step(model, opt)
+
+
 def test_tree_serialise_leaves_round_trips(tmp_path):
   _, opt = train_ours(optcore.adam(1e-2), steps=3)
   eqx.tree_serialise_leaves(tmp_path / "opt.eqx", opt)

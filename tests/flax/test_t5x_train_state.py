@@ -194,3 +194,30 @@ def test_the_core_face_stays_strict_about_extra_keys_and_64_bit_values():
   state_dict["state"]["step"] = np.array(1)
   with pytest.raises(optcore.StateDictError, match=r"int64"):
     optimizer.restore_state(state_dict)
+
+
+def test_one_t5x_adafactor_in_two_groups_keeps_each_groups_factor_map():
+  params = {"enc": {"w": np.ones((2, 4, 3))}, "dec": {"w": np.ones((2, 3, 4))}}
+  axes = {"enc": {"w": P("layers", "embed", "mlp")}, "dec": {"w": P("layers", "mlp", "embed")}}
+  shared = adafactor.Adafactor(0.1, logical_factor_rules=RULES | {"mlp": FactorDim.COLUMN})
+  opt_def = optimizers.MultiOptimizer([("enc", shared), ("dec", shared)])
+  opt_def.set_param_axes(axes)
+  enc, dec = opt_def.sub_optimizers
+  assert enc is shared and dec is not shared  # the second group keeps its own copy
+  assert enc.hyper_params.factor_map == {
+    "enc/w": (FactorDim.BATCH, FactorDim.ROW, FactorDim.COLUMN)
+  }
+  assert dec.hyper_params.factor_map == {
+    "dec/w": (FactorDim.BATCH, FactorDim.COLUMN, FactorDim.ROW)
+  }
+  state = opt_def.create(params).state.param_states
+  assert state["enc"]["w"].v_row.shape == (2, 4) and state["dec"]["w"].v_row.shape == (2, 4)
+  assert state["enc"]["w"].v_col.shape == (2, 3) and state["dec"]["w"].v_col.shape == (2, 3)
+
+
+def test_flax_optims_dynamic_scale_with_has_aux_on_a_scalar_function_says_so():
+  from optcore_flax import optim
+
+  grad_fn = optim.DynamicScale().value_and_grad(lambda p: jnp.sum(p**2), has_aux=True)
+  with pytest.raises(TypeError, match=r"requires fun to return a pair \(loss, aux\)"):
+    jax.jit(grad_fn)(jnp.ones(2))

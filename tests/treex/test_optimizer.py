@@ -249,6 +249,25 @@ def test_a_failed_restore_changes_nothing():
   assert_trees_equal(optimizer.state, before)
 
 
+def test_a_restore_with_an_int_key_says_what_it_found_and_changes_nothing():
+  _, optimizer = treex_usage(optax.adam(1e-2), dict_params(), steps=1)
+  bad = optimizer.state_dict()
+  bad["state"]["param_states"] = {0: bad["state"]["param_states"]["0"]}
+  before = jax.tree.map(np.array, optimizer.state)
+  with pytest.raises(
+    optcore.StateDictError, match=r"found the key 0 \(int\).*Write the key as '0'"
+  ):
+    optimizer.restore_state(bad)
+  assert_trees_equal(optimizer.state, before)
+
+
+def test_a_complex_override_is_refused_in_the_treex_face():
+  optimizer = Optimizer(optcore.adam(1e-2)).init(dict_params())
+  grads = jax.tree.map(jnp.ones_like, dict_params())
+  with pytest.raises(TypeError, match="is complex"):
+    optimizer.update(grads, dict_params(), learning_rate=0.1 + 0.1j)
+
+
 def test_treeo_api_works_on_modern_jax_without_touching_jax():
   assert not hasattr(jax, "tree_map")  # JAX >= 0.6: gone, and optcore_treex does not add it
   assert optcore_treex is not None

@@ -33,7 +33,7 @@ from jax.sharding import PartitionSpec
 from optcore._src import paths
 from optcore._src.base import OptimizerDef
 from optcore._src.checks import check_float_params, check_learning_rate
-from optcore._src.hyper_params import HyperParams
+from optcore._src.hyper_params import HyperParams, at_step
 from optcore._src.legacy import param_state
 from optcore._src.optimizer import OptimizerState
 
@@ -449,6 +449,7 @@ class Adafactor(OptimizerDef):
     if extra_args:
       raise TypeError(f"Adafactor takes no extra update arguments; got {sorted(extra_args)}")
     check_learning_rate(self, hyper_params)
+    hyper_params = at_step(hyper_params, state.step)  # a schedule is read at this step
     keyed, treedef = jax.tree_util.tree_flatten_with_path(params)
     grads_flat = treedef.flatten_up_to(paths.conform(params, grads))
     states_flat = treedef.flatten_up_to(paths.conform(params, state.param_states))

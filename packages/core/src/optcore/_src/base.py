@@ -20,7 +20,7 @@ from jax.sharding import PartitionSpec
 
 from optcore._src import export, overrides, paths, serialization, state_axes
 from optcore._src.checks import check_float_params, check_learning_rate
-from optcore._src.hyper_params import HyperParams
+from optcore._src.hyper_params import HyperParams, at_step
 from optcore._src.optimizer import Optimizer, OptimizerState, replicated
 
 PyTree = Any
@@ -136,6 +136,7 @@ class OptimizerDef:
         f"{type(self).__name__} takes no extra update arguments; got {sorted(extra_args)}"
       )
     check_learning_rate(self, hyper_params)
+    hyper_params = at_step(hyper_params, state.step)  # a schedule is read at this step
     params_flat, treedef = jax.tree.flatten(params)
     states_flat = treedef.flatten_up_to(paths.conform(params, state.param_states))
     grads_flat = treedef.flatten_up_to(paths.conform(params, grads))

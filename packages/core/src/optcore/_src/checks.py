@@ -22,6 +22,7 @@ class TreeMismatchError(ValueError):
 TreeMismatchError.__module__ = "optcore"
 
 
+@paths.allows_deep_trees
 def check_same_structure(reference: PyTree, other: PyTree, what: str) -> None:
   """Raises `TreeMismatchError` naming the first path where ``other`` differs."""
   if jax.tree.structure(reference) == jax.tree.structure(other):
@@ -35,6 +36,12 @@ def check_same_structure(reference: PyTree, other: PyTree, what: str) -> None:
   ref_by_path, other_by_path = named(reference), named(other)
   for name, leaf in ref_by_path.items():
     if leaf is None:
+      if other_by_path.get(name) is not None and name in other_by_path:
+        raise TreeMismatchError(
+          f"{what} has {_describe(other_by_path[name])} at {name!r}, where the parameters have "
+          f"None (no parameter there). Give None at {name!r} too, or put the parameter in the "
+          "tree you optimise."
+        )
       continue
     if name not in other_by_path:
       raise TreeMismatchError(
@@ -110,13 +117,28 @@ def check_float_params(params: PyTree) -> None:
   for names, leaf in paths.leaves_with_names(params)[0]:
     dtype = np.result_type(leaf) if not hasattr(leaf, "dtype") else leaf.dtype
     if not jnp.issubdtype(dtype, jnp.inexact):
+      what = "a PRNG key" if jnp.issubdtype(dtype, jax.dtypes.prng_key) else "dtype"
       raise TypeError(
-        f"the parameter at {'/' + '/'.join(names)!r} has dtype {np.dtype(dtype).name}; "
-        "optimizers update float (or complex) arrays only. Keep integer leaves (counters, "
+        f"the parameter at {'/' + '/'.join(names)!r} has {what} {dtype_name(dtype)}; "
+        "optimizers update float (or complex) arrays only. Keep other leaves (PRNG keys, counters, "
         "indices) out of the optimised tree, or leave them unselected: "
         "opt_def.create(params, focus=lambda path, x: jnp.issubdtype(x.dtype, jnp.inexact)) "
         "or a MultiOptimizer group that does not select them."
       )
+
+
+def _describe(x: Any) -> str:
+  if hasattr(x, "shape") and hasattr(x, "dtype"):
+    return f"an array of shape {tuple(x.shape)}"
+  return f"a {type(x).__name__}"
+
+
+def dtype_name(dtype: Any) -> str:
+  """``float32``; typed PRNG key dtypes (``key<fry>``) have no NumPy name."""
+  try:
+    return np.dtype(dtype).name
+  except TypeError:
+    return str(dtype)
 
 
 def _first_container_difference(reference: PyTree, other: PyTree, what: str, path: str):

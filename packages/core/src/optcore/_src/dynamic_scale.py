@@ -65,6 +65,12 @@ class DynamicScale:
     def scaled(*args):
       out = fun(*args)
       if has_aux:
+        if not (isinstance(out, (tuple, list)) and len(out) == 2):
+          raise TypeError(
+            "DynamicScale.value_and_grad(fun, has_aux=True) requires fun to return a pair "
+            f"(loss, aux), but it returned {_describe_output(out)}. Return (loss, aux) from "
+            "fun, or pass has_aux=False."
+          )
         return self.scale * out[0], out[1]
       return self.scale * out, None
 
@@ -92,6 +98,13 @@ class DynamicScale:
       )
 
     return wrapped
+
+
+def _describe_output(out: Any) -> str:
+  if isinstance(out, (tuple, list)):
+    return f"a {type(out).__name__} of length {len(out)}"
+  shape = getattr(out, "shape", None)
+  return f"an array of shape {tuple(shape)}" if shape is not None else f"a {type(out).__name__}"
 
 
 jax.tree_util.register_dataclass(

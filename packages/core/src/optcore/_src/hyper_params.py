@@ -18,6 +18,32 @@ def is_numeric(value: Any) -> bool:
   return isinstance(value, (int, float, complex, np.ndarray, np.generic, jax.Array))
 
 
+def is_schedule(value: Any) -> bool:
+  """A schedule of the step count: a function (``optax.cosine_decay_schedule(...)``,
+  a lambda, a partial) or an object that says it is one (`optcore.config.Schedule`)."""
+  if isinstance(value, (types.FunctionType, functools.partial)):
+    return True
+  return bool(getattr(value, "is_schedule", False)) and callable(value)
+
+
+def at_step(hyper_params: Any, step: Any) -> Any:
+  """``hyper_params`` with each schedule replaced by its value at ``step`` (the
+  number of updates before this one, as optax counts): how a per-parameter
+  definition, whose algorithm reads numbers, takes a schedule as a hyper-parameter.
+
+  Example:
+    >>> import optcore
+    >>> from optcore._src.hyper_params import at_step
+    >>> hp = optcore.HyperParams(learning_rate=lambda count: 0.5**count, beta=0.9)
+    >>> at_step(hp, 3)
+    HyperParams(learning_rate=0.125, beta=0.9)
+  """
+  if not isinstance(hyper_params, HyperParams):
+    return hyper_params
+  scheduled = {k: v(step) for k, v in hyper_params.items() if is_schedule(v)}
+  return hyper_params.replace(**scheduled) if scheduled else hyper_params
+
+
 def static_key(value: Any, _seen: frozenset = frozenset()) -> Any:
   """A hashable stand-in for ``value`` that compares equal for equal configs.
 

@@ -15,6 +15,7 @@ the state is a tuple with one such tree per group (``param_states/0/...``).
 
 from __future__ import annotations
 
+import copy
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -79,7 +80,7 @@ class MultiOptimizer(OptimizerDef):
     if not pairs:
       raise TypeError("MultiOptimizer needs at least one (selector, OptimizerDef) pair")
     self.traversals = tuple(selector for selector, _ in pairs)
-    self.sub_optimizers = tuple(opt for _, opt in pairs)
+    self.sub_optimizers = _own_copies(opt for _, opt in pairs)
     super().__init__(HyperParams())
     self.hyper_params = [opt.hyper_params for opt in self.sub_optimizers]
 
@@ -312,3 +313,15 @@ def _selector_key(selector: Selector) -> Any:
   if jax.tree_util.treedef_is_leaf(treedef):
     return selector
   return (treedef, tuple(bool(x) for x in leaves))
+
+
+def _own_copies(definitions: Any) -> tuple[OptimizerDef, ...]:
+  """The groups' definitions, each group's its own where one object serves several
+  groups and changes itself per group (T5X Adafactor's ``set_param_axes``: one
+  group's factor rules would otherwise overwrite another's)."""
+  out: list[OptimizerDef] = []
+  for opt in definitions:
+    if any(opt is seen for seen in out) and hasattr(opt, "set_param_axes"):
+      opt = copy.copy(opt)
+    out.append(opt)
+  return tuple(out)

@@ -44,6 +44,13 @@ _CHECKED: collections.OrderedDict = collections.OrderedDict()
 def resolve(optimizer_def: Any, **hyper_param_overrides: Any) -> HyperParams:
   """`OptimizerDef.update_hyper_params`: the hyper-parameters for one step."""
   hyper_params = hyper_param_overrides.pop("hyper_params", optimizer_def.hyper_params)
+  own = optimizer_def.hyper_params
+  if isinstance(hyper_params, Mapping) and isinstance(own, HyperParams):
+    if not isinstance(hyper_params, HyperParams) or set(hyper_params) != set(own):
+      # Some names only (a plain dict): the rest keep the definition's values, not the
+      # factory's defaults, and each given one is checked as a keyword override is.
+      hyper_param_overrides = {**hyper_params, **hyper_param_overrides}
+      hyper_params = own
   ignored = sorted(set(hyper_param_overrides) & set(optimizer_def.constructor_only))
   if ignored:
     warnings.warn(
@@ -250,6 +257,13 @@ def check_override(owner: str, name: str, current: Any, value: Any) -> None:
         f"{owner}: the override {name}={value!r} is a {type(value).__name__}; {name} is a flag "
         f"and takes True or False."
       )
+    if isinstance(value, jax.core.Tracer):
+      raise TypeError(
+        f"{owner}: the override {name} is a traced boolean; {name} is a flag that chooses which "
+        "code the step runs, so it must be a Python bool when the step is traced. Pass "
+        f"{name}=True or False, and mark it static if it is an argument of the jitted function "
+        f"(jax.jit(step, static_argnames='{name}'))."
+      )
     return
   if not is_numeric(current):
     return
@@ -261,7 +275,7 @@ def check_override(owner: str, name: str, current: Any, value: Any) -> None:
       f"{name} out to keep {current!r}."
     )
   if callable(value) and not _is_array(value):
-    return  # a schedule of the step count, as optax takes
+    value = _schedule_output(owner, name, value)  # a schedule of the step count, as optax takes
   if isinstance(value, bool) or not (is_numeric(value) or _is_array(value)):
     raise TypeError(
       f"{owner}: the override {name}={value!r} is a {type(value).__name__}; {name} takes a "
@@ -272,7 +286,13 @@ def check_override(owner: str, name: str, current: Any, value: Any) -> None:
       f"{owner}: the override {name} has dtype {value.dtype}; {name} takes a number or a "
       "scalar array of numbers."
     )
-  if not isinstance(value, jax.core.Tracer) and not np.all(np.isfinite(np.asarray(value))):
+  if _dtype_kind(value) == "c" and _dtype_kind(current) != "c":
+    raise TypeError(
+      f"{owner}: the override {name}={value!r} is complex; {name} takes a real number (the "
+      "imaginary part would be dropped silently). Pass its real part if that is what you mean."
+    )
+  abstract = isinstance(value, (jax.core.Tracer, jax.ShapeDtypeStruct))
+  if not abstract and not np.all(np.isfinite(np.asarray(value))):
     raise ValueError(
       f"{owner}: the override {name}={value!r} is not finite; every parameter it touches "
       "would become NaN or infinite. Check the schedule or value that produced it."
@@ -284,6 +304,24 @@ def check_override(owner: str, name: str, current: Any, value: Any) -> None:
       + ("a scalar" if not want else f"shape {want}")
       + " (one value for every parameter; a per-parameter value would broadcast silently)."
     )
+
+
+def _schedule_output(owner: str, name: str, schedule: Any) -> Any:
+  """What ``schedule(count)`` gives, as an abstract value (traced once, at trace time),
+  so its output is checked as a plain override would be; None is refused here."""
+  try:
+    out = jax.eval_shape(schedule, jax.ShapeDtypeStruct((), jnp.int32))
+  except Exception as e:
+    raise TypeError(
+      f"{owner}: the override {name}={schedule!r} is a callable, so it is read as a schedule "
+      f"of the step count, but calling it with a step count failed: {type(e).__name__}: {e}"
+    ) from e
+  if out is None or not _is_array(out):
+    raise TypeError(
+      f"{owner}: the schedule given for {name} returns {out!r} for a step count; a schedule "
+      f"returns a number (a scalar) for each step, e.g. lambda count: 1e-3 * 0.99 ** count."
+    )
+  return jax.ShapeDtypeStruct(out.shape, out.dtype)  # checked below like a traced value
 
 
 def _is_array(x: Any) -> bool:

@@ -12,12 +12,35 @@ adapters register their framework's types; the core imports none.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+import functools
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import jax
 
 KeyEntry = Any
+F = TypeVar("F", bound=Callable[..., Any])
+# Frames a walk may use: Python's default (1000) stops at trees a few hundred levels deep,
+# which jax's own (C++) tree functions and optax handle.
+_DEEP_TREES = 50_000
+
+
+def allows_deep_trees(fn: F) -> F:
+  """Runs ``fn`` (a recursive walk over a pytree) with room for deep trees."""
+
+  @functools.wraps(fn)
+  def wrapper(*args: Any, **kwargs: Any) -> Any:
+    limit = sys.getrecursionlimit()
+    if limit >= _DEEP_TREES:
+      return fn(*args, **kwargs)
+    sys.setrecursionlimit(_DEEP_TREES)
+    try:
+      return fn(*args, **kwargs)
+    finally:
+      sys.setrecursionlimit(limit)
+
+  return wrapper  # type: ignore[return-value]
 
 
 def key_name(key: KeyEntry) -> str:
@@ -117,6 +140,7 @@ def unbox(tree: Any) -> Any:
   return jax.tree.map(lambda x: hidden_child(x)[0] if is_box(x) else x, tree, is_leaf=is_box)
 
 
+@allows_deep_trees
 def leaves_with_names(
   tree: Any, *, keep_none: bool = False
 ) -> tuple[list[tuple[tuple[str, ...], Any]], Any]:
@@ -152,6 +176,7 @@ def _walk(node: Any, names: tuple[str, ...], out: list, keep_none: bool) -> None
       _walk(child, (*names, key_name(key)), out, keep_none)
 
 
+@allows_deep_trees
 def conform(reference: Any, tree: Any) -> Any:
   """``tree`` with each mapping rebuilt as the mapping ``reference`` has at that
   position, where the two differ only in their mapping type (a dict and a Flax

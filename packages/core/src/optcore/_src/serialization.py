@@ -17,6 +17,7 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 from optcore._src import paths
+from optcore._src.checks import dtype_name
 
 
 class StateDictError(ValueError):
@@ -26,6 +27,7 @@ class StateDictError(ValueError):
 StateDictError.__module__ = "optcore"
 
 
+@paths.allows_deep_trees
 def to_state_dict(tree: Any) -> Any:
   """Converts a pytree into Flax's nested-dict state-dict layout.
 
@@ -46,6 +48,7 @@ def to_state_dict(tree: Any) -> Any:
   return {paths.key_name(key): to_state_dict(child) for key, child in split[0]}
 
 
+@paths.allows_deep_trees
 def drop_empty(state_dict: Any) -> Any:
   """Removes empty dicts (optax's EmptyState) recursively, as T5X writes them."""
   if not isinstance(state_dict, dict):
@@ -64,6 +67,7 @@ def optimizer_state_dict(target: Any, state: Any) -> dict[str, Any]:
   return {"target": to_state_dict(target), "state": to_state_dict(state)}
 
 
+@paths.allows_deep_trees
 def restore_optimizer_state(
   target: Any, state: Any, state_dict: Any, *, legacy: bool = False
 ) -> tuple[Any, Any]:
@@ -144,6 +148,7 @@ def restore_state_only(optimizer_def: Any, state: Any, state_dict: Any) -> Any:
   return restored if state.step is not None else restored.replace(step=None)
 
 
+@paths.allows_deep_trees
 def from_state_dict(reference: Any, state_dict: Any, *, root: str = "") -> Any:
   """Reads ``state_dict`` back into the structure of ``reference``.
 
@@ -184,7 +189,15 @@ def _restore(ref: Any, value: Any, path: str, legacy: bool) -> Any:
       f"(for a {type(ref).__name__}), found {describe(value)}."
     )
   names = [paths.key_name(k) for k, _ in children]
-  extra = sorted(set(map(str, value)) - set(names))
+  not_strings = [k for k in value if not isinstance(k, str)]
+  if not_strings:
+    key = not_strings[0]
+    raise StateDictError(
+      f"at {path!r}: found the key {key!r} ({type(key).__name__}); state dict keys are strings "
+      f"(a list's items are '0', '1', ...), and this {type(ref).__name__} has keys {names}. "
+      f"Write the key as {str(key)!r}."
+    )
+  extra = sorted(set(value) - set(names))
   if extra:
     raise StateDictError(
       f"at {path!r}: unexpected keys {extra}; this {type(ref).__name__} has keys {names}. "
@@ -223,6 +236,8 @@ def _restore_leaf(ref: Any, value: Any, path: str, legacy: bool) -> Any:
       "parameters of the same shapes."
     )
   ref_dtype = getattr(ref, "dtype", None)
+  if ref_dtype is None and isinstance(ref, (bool, int, float, complex)):
+    _check_python_number(ref, value, path)
   if ref_dtype is not None:
     value_dtype = getattr(value, "dtype", None)
     if value_dtype is None:  # a Python scalar or list: take the reference's dtype, if it fits
@@ -232,9 +247,25 @@ def _restore_leaf(ref: Any, value: Any, path: str, legacy: bool) -> Any:
     if value_dtype != ref_dtype:
       raise StateDictError(
         f"at {path!r}: expected {describe(ref)}, found {describe(value)}. Cast the "
-        f"checkpoint's value to {_dtype_name(ref_dtype)} before restoring it."
+        f"checkpoint's value to {dtype_name(ref_dtype)} before restoring it."
       )
   return value
+
+
+def _check_python_number(ref: Any, value: Any, path: str) -> None:
+  """A Python number in the state (no dtype to compare) takes a number of its kind:
+  never a string, and never a fraction where it holds an integer."""
+  kind = np.asarray(value).dtype.kind if not isinstance(value, str) else "U"
+  if isinstance(ref, bool):
+    fits = "b"
+  else:
+    fits = "biu" if isinstance(ref, int) else "biuf" if isinstance(ref, float) else "biufc"
+  if kind not in fits:
+    raise StateDictError(
+      f"at {path!r}: expected a number like {ref!r} ({type(ref).__name__}), found "
+      f"{describe(value)}. The state dict was not written by this optimizer, or was decoded "
+      "wrongly."
+    )
 
 
 def _same_without_x64(value: Any, ref_dtype: Any, path: str) -> bool:
@@ -249,7 +280,7 @@ def _same_without_x64(value: Any, ref_dtype: Any, path: str) -> bool:
     info, array = np.iinfo(ref_dtype), np.asarray(value)
     if array.size and (array.min() < info.min or array.max() > info.max):
       raise StateDictError(
-        f"at {path!r}: expected an array of dtype {_dtype_name(ref_dtype)}, found "
+        f"at {path!r}: expected an array of dtype {dtype_name(ref_dtype)}, found "
         f"{describe(value)} holding values outside its range; restoring it would wrap them."
       )
   return same
@@ -322,18 +353,10 @@ def describe(x: Any) -> str:
   if isinstance(x, Mapping):
     return f"a dict with keys {sorted(map(str, x))}"
   if hasattr(x, "shape") and hasattr(x, "dtype"):
-    return f"an array of shape {tuple(x.shape)} and dtype {_dtype_name(x.dtype)}"
+    return f"an array of shape {tuple(x.shape)} and dtype {dtype_name(x.dtype)}"
   if isinstance(x, (int, float, complex, bool, np.generic)):
     return f"a scalar {x!r}"
   split = paths.children_with_keys(x)
   if split is not None:
     return f"a {type(x).__name__} with keys {[paths.key_name(k) for k, _ in split[0]]}"
   return f"a {type(x).__name__}"
-
-
-def _dtype_name(dtype: Any) -> str:
-  """``float32``; typed PRNG key dtypes (``key<fry>``) have no NumPy name."""
-  try:
-    return np.dtype(dtype).name
-  except TypeError:
-    return str(dtype)
