@@ -221,3 +221,18 @@ def test_flax_optims_dynamic_scale_with_has_aux_on_a_scalar_function_says_so():
   grad_fn = optim.DynamicScale().value_and_grad(lambda p: jnp.sum(p**2), has_aux=True)
   with pytest.raises(TypeError, match=r"requires fun to return a pair \(loss, aux\)"):
     jax.jit(grad_fn)(jnp.ones(2))
+
+
+def test_t5xs_initializer_traces_the_train_state_twice_with_one_definition():
+  # T5X's TrainStateInitializer: eval_shape of the whole creation for the axes, then the
+  # partitioned creation itself, both calling set_param_axes on the same definition.
+  opt_def = adafactor.Adafactor(0.42, logical_factor_rules=RULES)
+  shapes = jax.eval_shape(lambda: TrainState.create(opt_def, variables()))
+  state = TrainState.create(opt_def, variables())
+  assert jax.tree.map(np.shape, state.optimizer.state) == jax.tree.map(
+    np.shape, shapes.optimizer.state
+  )
+  # Other axes after the state exists would change the definition under it: still refused.
+  other = {"dense": {"bias": P("embed"), "kernel": P("embed", "vocab")}}
+  with pytest.raises(RuntimeError, match="already made an optimizer state"):
+    opt_def.set_param_axes(other)

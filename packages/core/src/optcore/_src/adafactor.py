@@ -33,7 +33,7 @@ from jax.sharding import PartitionSpec
 from optcore._src import paths
 from optcore._src.base import OptimizerDef
 from optcore._src.checks import check_float_params, check_learning_rate
-from optcore._src.hyper_params import HyperParams, at_step
+from optcore._src.hyper_params import HyperParams, at_step, static_key
 from optcore._src.legacy import param_state
 from optcore._src.optimizer import OptimizerState
 
@@ -409,8 +409,11 @@ class Adafactor(OptimizerDef):
     return rules
 
   def replace_factor_map(self, factor_map: Any) -> None:
-    """Sets ``factor_map`` in place (`set_param_axes`); refused once this
-    definition has made a state, whose layout the map decides."""
+    """Sets ``factor_map`` in place (`set_param_axes`); once this definition has
+    made a state, whose layout the map decides, only the same map is accepted
+    (T5X's train-state initializer sets the axes on each of its traces)."""
+    if static_key(factor_map) == static_key(self.hyper_params.get("factor_map")):
+      return
     if self.__dict__.get("_made_state"):
       raise RuntimeError(
         "Adafactor.set_param_axes: this definition has already made an optimizer state, and "
