@@ -348,3 +348,43 @@ def test_a_partial_hyper_params_record_keeps_the_other_values_too():
     optimizer.apply_gradient(GRADS, hyper_params=whole),
     optimizer.apply_gradient(GRADS, learning_rate=0.2, b1=0.9),
   )
+
+
+def test_a_transform_config_where_optax_takes_a_transformation_and_json_schedule_keys():
+  cfg = {
+    "name": "chain",
+    "transformations": [
+      {
+        "transform": "masked",
+        "inner": {"transform": "scale", "step_size": -0.5},
+        "mask": {"w": True, "b": False},
+      }
+    ],
+  }
+  opt_def = config.from_config(cfg)
+  params = {"w": jnp.ones(2), "b": jnp.ones(2)}
+  new = opt_def.create(params).apply_gradient(params)
+  np.testing.assert_array_equal(new.target["w"], 0.5)
+  np.testing.assert_array_equal(new.target["b"], 2.0)  # masked out: the raw gradient, as optax
+  assert config.from_config(config.to_config(opt_def)) == opt_def
+  # JSON has string keys only; optax's piecewise boundaries are step counts.
+  schedule = {"schedule": "piecewise_constant_schedule", "init_value": 0.1}
+  lr = config.from_config(
+    {"name": "sgd", "learning_rate": {**schedule, "boundaries_and_scales": {"2": 0.5}}}
+  ).hyper_params.learning_rate
+  assert [float(lr(c)) for c in (0, 2)] == [pytest.approx(0.1), pytest.approx(0.05)]
+
+
+@pytest.mark.parametrize(
+  ("leaf", "message"), [("abc", r"'/s' is of type str \('abc'\)"), (object(), "of type object")]
+)
+def test_a_parameter_that_is_no_array_is_named_by_path(leaf, message):
+  with pytest.raises(TypeError, match=message):
+    optcore.adam(0.1).create({"w": jnp.ones(2), "s": leaf})
+
+
+@pytest.mark.parametrize("given", [[0.2], (0.2,), None])
+def test_hyper_params_that_are_no_record_are_refused_naming_the_form(given):
+  optimizer = legacy.Adam(0.1).create(PARAMS)
+  with pytest.raises(TypeError, match=r"hyper_params= takes the hyper-parameters by name"):
+    optimizer.apply_gradient(GRADS, hyper_params=given)

@@ -122,6 +122,10 @@ def test_a_per_parameter_subclass_trains_with_overrides_as_its_algorithm_says():
   hp = ClippedMomentum(0.1).hyper_params
   one = ClippedMomentum(0.1).create(PARAMS).apply_gradient(grads_at(0), hyper_params=hp)
   assert_close(one.target, clipped_momentum_reference(1, [0.1])[0])
+  # ... or an instance of the program's own struct, as it would have built one.
+  own = _ClippedMomentumHyperParams(0.05, 0.9, 1.0)
+  two = ClippedMomentum(0.1).create(PARAMS).apply_gradient(grads_at(0), hyper_params=own)
+  assert_close(two.target, clipped_momentum_reference(1, [0.05])[0])
 
 
 def test_a_whole_tree_subclass_trains_and_keeps_its_own_state():

@@ -83,6 +83,8 @@ class Schedule:
     factory = getattr(optax.schedules, name, None)
     if not _public_optax_function(optax.schedules, name) or not name.endswith("schedule"):
       raise ConfigError(f"optax.schedules has no schedule {name!r}")
+    # JSON and YAML give string keys; optax's boundaries ({100: 0.1}) are step counts.
+    kwargs = {k: _int_keys(v) for k, v in kwargs.items()}
     self.name, self.kwargs = name, dict(kwargs)
     _check_arguments(name, factory, kwargs, "")
     _check_types(name, factory, kwargs, "")
@@ -263,6 +265,12 @@ def _check_types(name: str, factory: Any, args: Mapping[str, Any], path: str) ->
       raise ConfigError(f"at {where!r}: {key} is a flag: expected true or false, found {value!r}")
 
 
+def _int_keys(value: Any) -> Any:
+  if isinstance(value, Mapping) and value and all(str(k).isdigit() for k in value):
+    return {int(k): v for k, v in value.items()}
+  return value
+
+
 def _annotation_args(p: inspect.Parameter) -> tuple[Any, ...]:
   """The types an argument's annotation admits (one, or a Union's members)."""
   annotation = p.annotation
@@ -320,6 +328,8 @@ def _value(key: str, value: Any, where: str) -> Any:
       raise ConfigError(f"at {where!r}: {e}") from None
   if isinstance(value, Mapping) and "name" in value:
     return from_config(value, _path=where)
+  if isinstance(value, Mapping) and "transform" in value:  # e.g. masked's inner transformation
+    return _transform(value, where)
   if isinstance(value, Mapping):  # e.g. T5X Adafactor's logical_factor_rules
     return {str(k): _value(str(k), v, _join(where, str(k))) for k, v in value.items()}
   if "dtype" in key and isinstance(value, str):
@@ -377,7 +387,7 @@ class _Transform:
   def __init__(self, name: str, kwargs: dict[str, Any]):
     self.name, self.kwargs = name, kwargs
     # Where optax takes a transformation, an optimizer the config built goes in as one.
-    built = {k: v.as_optax() if isinstance(v, OptimizerDef) else v for k, v in kwargs.items()}
+    built = {k: _as_transformation(v) for k, v in kwargs.items()}
     self.tx = getattr(optax, name)(**built)
     self.init, self.update = self.tx.init, self.tx.update
 
@@ -401,6 +411,12 @@ def _public_optax_function(module: Any, name: Any) -> bool:
   if isinstance(fn, functools.partial):
     fn = fn.func
   return inspect.isfunction(fn) and fn.__module__.split(".")[0] == "optax"
+
+
+def _as_transformation(value: Any) -> Any:
+  if isinstance(value, OptimizerDef):
+    return value.as_optax()
+  return value.tx if isinstance(value, _Transform) else value
 
 
 def _builds_transformation(fn: Any) -> bool:
@@ -461,6 +477,8 @@ def _write(key: str, value: Any) -> Any:
     return {"schedule": value.name, **value.kwargs}
   if isinstance(value, OptimizerDef):
     return to_config(value)
+  if isinstance(value, _Transform):
+    return _transform_config(value)
   if isinstance(value, (list, tuple)):
     return [_write(key, v) for v in value]
   if isinstance(value, Mapping):

@@ -115,6 +115,12 @@ def check_float_params(params: PyTree) -> None:
   """Raises TypeError naming the first parameter that is not a float (or
   complex) array: an optimizer would turn a step counter 3 into 2.9 or 2."""
   for names, leaf in paths.leaves_with_names(params)[0]:
+    if not hasattr(leaf, "dtype") and not isinstance(leaf, (int, float, complex)):
+      raise TypeError(
+        f"the parameter at {'/' + '/'.join(names)!r} is of type {type(leaf).__name__} "
+        f"({leaf!r:.40}); parameters are float (or complex) arrays. Keep other values out of "
+        "the optimised tree, or make this one an array."
+      )
     dtype = np.result_type(leaf) if not hasattr(leaf, "dtype") else leaf.dtype
     if not jnp.issubdtype(dtype, jnp.inexact):
       what = "a PRNG key" if jnp.issubdtype(dtype, jax.dtypes.prng_key) else "dtype"

@@ -18,6 +18,7 @@ the core, Flax, Equinox and Treex faces:
 from __future__ import annotations
 
 import collections
+import dataclasses
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -45,6 +46,15 @@ def resolve(optimizer_def: Any, **hyper_param_overrides: Any) -> HyperParams:
   """`OptimizerDef.update_hyper_params`: the hyper-parameters for one step."""
   hyper_params = hyper_param_overrides.pop("hyper_params", optimizer_def.hyper_params)
   own = optimizer_def.hyper_params
+  if dataclasses.is_dataclass(hyper_params) and not isinstance(hyper_params, type):
+    # flax.optim's struct dataclass of hyper-parameters, as a user's own definition has it.
+    hyper_params = {f.name: getattr(hyper_params, f.name) for f in dataclasses.fields(hyper_params)}
+  if isinstance(own, HyperParams) and not isinstance(hyper_params, Mapping):
+    raise TypeError(
+      f"{optimizer_def!r}: hyper_params= takes the hyper-parameters by name (a dict or "
+      f"optcore.HyperParams, e.g. optimizer.optimizer_def.hyper_params.replace(...)), found "
+      f"a {type(hyper_params).__name__}. A list of them is for a MultiOptimizer, one per group."
+    )
   if isinstance(hyper_params, Mapping) and isinstance(own, HyperParams):
     if not isinstance(hyper_params, HyperParams) or set(hyper_params) != set(own):
       # Some names only (a plain dict): the rest keep the definition's values, not the
