@@ -113,7 +113,7 @@ ROWS: list[tuple[str, Callable[[], Any], dict[str, Any], type | None, str]] = [
   ),
   (
     "none_means_off",
-    lambda: optcore.adafactor.Adafactor(1e-2),
+    lambda: optcore.t5x.Adafactor(1e-2),
     {"clipping_threshold": None},
     None,
     "",

@@ -40,8 +40,7 @@ def test_every_named_block_is_run_by_its_guide_test():
 def test_the_api_reference_lists_every_public_name_of_optcore():
   expected = public_names(optcore) | {f"optcore.contrib.{n}" for n in contrib.CONTRIB_OPTIMIZERS}
   expected |= {"optcore.contrib.CONTRIB_OPTIMIZERS"}
-  # optcore.adafactor is the module of T5X's Adafactor (documented as one); called, the alias.
-  documented = documented_names("optcore") | {"optcore.adafactor"}
+  documented = documented_names("optcore")
   assert documented == expected
 
 

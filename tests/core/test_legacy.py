@@ -11,7 +11,7 @@ from jax.sharding import PartitionSpec as P
 
 import optcore
 from optcore import legacy
-from optcore.adafactor import HEURISTIC_RULE, Adafactor, FactorDim, HParamMap
+from optcore.t5x import HEURISTIC_RULE, Adafactor, FactorDim, HParamMap
 
 STEPS = 5
 RATES = [0.1, 0.08, 0.12, 0.05, 0.1]  # a different learning rate each step: apply-time overrides
@@ -312,7 +312,7 @@ def test_invalid_factor_rules_raise_clear_errors():
   no_axes.set_param_axes({"w": None, "v": P("embed", "mlp")})
   with pytest.raises(KeyError, match="'w'"):
     no_axes.create({"w": jnp.ones((2, 3)), "v": jnp.ones((2, 3))})
-  explicit = Adafactor(1e-2, factor_map=HParamMap([(r".*", optcore.adafactor.HEURISTIC_RULE)]))
+  explicit = Adafactor(1e-2, factor_map=HParamMap([(r".*", optcore.t5x.HEURISTIC_RULE)]))
   for rank_3 in (explicit, Adafactor(1e-2)):  # T5X: with or without factor_map
     rank_3_message = r"rank strictly higher than 2 .*explicit.*: w, \(2, 3, 4\)"
     with pytest.raises(ValueError, match=rank_3_message):

@@ -19,7 +19,7 @@ from tree_testing import assert_trees_equal
 
 import optcore
 from optcore import legacy
-from optcore.adafactor import Adafactor
+from optcore.t5x import Adafactor
 
 
 class FrozenMapping(Mapping):

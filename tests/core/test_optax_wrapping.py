@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import importlib
 import inspect
+import sys
 import types
 import warnings
 from pathlib import Path
@@ -102,16 +104,23 @@ def test_wrapped_factories_keep_optax_signature_and_docstring():
   for name in optcore.OPTAX_ALIASES:
     original, wrapped = getattr(optax, name), getattr(optcore, name)
     assert inspect.signature(wrapped) == inspect.signature(original), name
-    if isinstance(wrapped, types.ModuleType):  # optcore.adafactor: T5X's module, callable
-      wrapped = wrapped.__wrapped__
     assert wrapped.__doc__ == original.__doc__, name
     assert wrapped.__name__ == name
 
 
-def test_optcore_adafactor_is_t5x_module_and_optax_alias():
-  assert optcore.adafactor.Adafactor.__module__ == "optcore._src.adafactor"
+def test_optcore_adafactor_is_optax_alias_and_t5x_adafactor_lives_in_optcore_t5x():
   assert isinstance(optcore.adafactor(1e-3), optcore.OptaxWrapper)
-  from optcore.adafactor import Adafactor, FactorDim  # noqa: F401  (importable by name)
+  assert not isinstance(optcore.adafactor, types.ModuleType)
+  assert optcore.t5x.Adafactor.__module__ == "optcore._src.adafactor"
+  from optcore.t5x import Adafactor, FactorDim  # noqa: F401  (importable by name)
+
+  with pytest.raises(ModuleNotFoundError):
+    importlib.import_module("optcore.adafactor")
+
+
+def test_no_public_module_of_the_core_swaps_its_class():
+  for name in ("optcore", *sorted(n for n in sys.modules if n.startswith("optcore."))):
+    assert type(sys.modules[name]) is types.ModuleType, name
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
@@ -419,18 +428,20 @@ def _assigned_names(module) -> list[str]:
     for node in tree.body
     if isinstance(node, (ast.Assign, ast.AnnAssign))
     for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
-    if isinstance(target, ast.Name) and not target.id.isupper()
+    if isinstance(target, ast.Name) and not target.id.isupper() and not target.id.startswith("__")
   ]
 
 
 def test_the_written_out_aliases_are_what_the_installed_optax_offers():
   # The aliases are written one per line (IDEs and type checkers see them);
   # this is what keeps that list from missing an optimizer a new optax adds.
-  from optcore._src import aliases, optax_aliases
+  import optax_names
 
-  assert list(optcore.OPTAX_ALIASES) == aliases.optax_alias_names()
+  from optcore._src import optax_aliases
+
+  assert list(optcore.OPTAX_ALIASES) == optax_names.optax_alias_names()
   assert _assigned_names(optax_aliases) == list(optcore.OPTAX_ALIASES)
-  assert list(optcore.contrib.CONTRIB_OPTIMIZERS) == aliases.optax_contrib_names()
+  assert list(optcore.contrib.CONTRIB_OPTIMIZERS) == optax_names.optax_contrib_names()
   assert _assigned_names(optcore.contrib) == list(optcore.contrib.CONTRIB_OPTIMIZERS)
   for name in optcore.OPTAX_ALIASES:
     assert name in dir(optcore), name

@@ -18,7 +18,7 @@ from tree_testing import assert_trees_equal
 
 import optcore
 from optcore import config, legacy
-from optcore.adafactor import Adafactor
+from optcore.t5x import Adafactor
 
 PARAMS = {"layer": {"b": jnp.zeros(2), "w": jnp.ones((2, 3))}}
 GRADS = jax.tree.map(jnp.ones_like, PARAMS)

@@ -34,7 +34,7 @@ def params() -> dict[str, Any]:
 
 def definitions() -> dict[str, Callable[[], Any]]:
   """Configurations covering every state layout the core writes."""
-  from optcore.adafactor import Adafactor
+  from optcore.t5x import Adafactor
 
   legacy = optcore.legacy
   return {

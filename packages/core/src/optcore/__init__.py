@@ -16,15 +16,18 @@ Example:
   1
 """
 
-import importlib as _importlib
 import sys as _sys
-from importlib.metadata import PackageNotFoundError
+from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
 from importlib.metadata import version as _version
 
 import optax as _optax
 
+from optcore import adapter as adapter
+from optcore import config as config
 from optcore import contrib as contrib
+from optcore import legacy as legacy
 from optcore import partitioning as partitioning
+from optcore import t5x as t5x
 from optcore._src import optax_rules as _optax_rules  # noqa: F401  (registers optax state rules)
 from optcore._src.base import OptimizerDef as OptimizerDef
 from optcore._src.checks import MissingHyperParameterError as MissingHyperParameterError
@@ -32,8 +35,38 @@ from optcore._src.checks import TreeMismatchError as TreeMismatchError
 from optcore._src.checks import check_gradients as check_gradients
 from optcore._src.hyper_params import HyperParams as HyperParams
 from optcore._src.multi_optimizer import MultiOptimizer as MultiOptimizer
-from optcore._src.optax_aliases import *  # noqa: F403  (optcore.adam, ..., one line each there)
 from optcore._src.optax_aliases import OPTAX_ALIASES as OPTAX_ALIASES
+from optcore._src.optax_aliases import adabelief as adabelief
+from optcore._src.optax_aliases import adadelta as adadelta
+from optcore._src.optax_aliases import adafactor as adafactor
+from optcore._src.optax_aliases import adagrad as adagrad
+from optcore._src.optax_aliases import adam as adam
+from optcore._src.optax_aliases import adamax as adamax
+from optcore._src.optax_aliases import adamaxw as adamaxw
+from optcore._src.optax_aliases import adamw as adamw
+from optcore._src.optax_aliases import adan as adan
+from optcore._src.optax_aliases import amsgrad as amsgrad
+from optcore._src.optax_aliases import fromage as fromage
+from optcore._src.optax_aliases import lamb as lamb
+from optcore._src.optax_aliases import lars as lars
+from optcore._src.optax_aliases import lbfgs as lbfgs
+from optcore._src.optax_aliases import lion as lion
+from optcore._src.optax_aliases import nadam as nadam
+from optcore._src.optax_aliases import nadamw as nadamw
+from optcore._src.optax_aliases import noisy_sgd as noisy_sgd
+from optcore._src.optax_aliases import novograd as novograd
+from optcore._src.optax_aliases import optimistic_adam as optimistic_adam
+from optcore._src.optax_aliases import optimistic_adam_v2 as optimistic_adam_v2
+from optcore._src.optax_aliases import optimistic_gradient_descent as optimistic_gradient_descent
+from optcore._src.optax_aliases import polyak_sgd as polyak_sgd
+from optcore._src.optax_aliases import radam as radam
+from optcore._src.optax_aliases import rmsprop as rmsprop
+from optcore._src.optax_aliases import rprop as rprop
+from optcore._src.optax_aliases import sgd as sgd
+from optcore._src.optax_aliases import sign_sgd as sign_sgd
+from optcore._src.optax_aliases import signum as signum
+from optcore._src.optax_aliases import sm3 as sm3
+from optcore._src.optax_aliases import yogi as yogi
 from optcore._src.optax_wrapper import OptaxWrapper as OptaxWrapper
 from optcore._src.optax_wrapper import chain as chain
 from optcore._src.optax_wrapper import wrap_optax_optimizer as wrap_optax_optimizer
@@ -59,15 +92,8 @@ from optcore.contrib import CONTRIB_OPTIMIZERS as _CONTRIB_OPTIMIZERS
 
 try:
   __version__ = _version("optcore")
-except PackageNotFoundError:  # running from a source tree that is not installed
+except _PackageNotFoundError:  # running from a source tree that is not installed
   __version__ = "0.0.0+unknown"
-
-# T5X's Adafactor module; callable, it stays optax's adafactor alias too. Imported by
-# name: `from optcore import adafactor` would return the alias function set above.
-adafactor = _importlib.import_module("optcore.adafactor")
-from optcore import adapter as adapter  # noqa: E402
-from optcore import config as config  # noqa: E402
-from optcore import legacy as legacy  # noqa: E402
 
 
 def __getattr__(name: str):
@@ -103,25 +129,55 @@ __all__ = [
   "SelectorError",
   "StateDictError",
   "TreeMismatchError",
+  "adabelief",
+  "adadelta",
+  "adafactor",
+  "adagrad",
+  "adam",
+  "adamax",
+  "adamaxw",
+  "adamw",
+  "adan",
   "adapter",
+  "amsgrad",
   "chain",
   "check_gradients",
   "config",
-  "adafactor",
   "contrib",
   "derive_optax_logical_axes",
   "from_state_dict",
+  "fromage",
+  "lamb",
+  "lars",
+  "lbfgs",
   "leaves_with_paths",
   "legacy",
+  "lion",
   "logical_to_mesh",
   "logical_to_mesh_axes",
   "logical_to_mesh_sharding",
+  "nadam",
+  "nadamw",
+  "noisy_sgd",
+  "novograd",
+  "optimistic_adam",
+  "optimistic_adam_v2",
+  "optimistic_gradient_descent",
   "partitioning",
+  "polyak_sgd",
+  "radam",
   "register_hidden_level",
   "register_selector_type",
   "register_state_rule",
+  "rmsprop",
+  "rprop",
   "selector_mask",
+  "sgd",
+  "sign_sgd",
+  "signum",
+  "sm3",
+  "t5x",
   "to_state_dict",
   "wrap_optax_optimizer",
-  *OPTAX_ALIASES,
+  "yogi",
 ]

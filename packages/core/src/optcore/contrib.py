@@ -2,9 +2,10 @@
 
 Optimizer wrappers (mechanize, sam, schedule_free, split_real_and_imaginary)
 take optax transformations or optcore definitions. The list is written out,
-one line each, so that IDEs and type checkers see every name;
-`tests/core/test_aliases.py` checks it against the installed ``optax.contrib``
-(`optax_contrib_names`), so an optimizer a new optax adds cannot be missed.
+one line each, so that IDEs and type checkers see every name, and
+`CONTRIB_OPTIMIZERS` is read from it; `tests/core/test_optax_wrapping.py`
+checks it against the installed ``optax.contrib``, so an optimizer a new
+optax adds cannot be missed.
 
 Example:
   >>> import jax.numpy as jnp
@@ -17,6 +18,7 @@ Example:
 import optax.contrib as _contrib
 
 from optcore._src.optax_wrapper import wrap_optax_optimizer as _wrap
+from optcore._src.optax_wrapper import wrapped_names as _wrapped_names
 
 acprop = _wrap(_contrib.acprop, name="contrib.acprop")
 ademamix = _wrap(_contrib.ademamix, name="contrib.ademamix")
@@ -43,28 +45,8 @@ split_real_and_imaginary = _wrap(
   _contrib.split_real_and_imaginary, name="contrib.split_real_and_imaginary"
 )
 
-#: The optax.contrib optimizers wrapped here.
-CONTRIB_OPTIMIZERS: tuple[str, ...] = (
-  "acprop",
-  "ademamix",
-  "adopt",
-  "cocob",
-  "dadapt_adamw",
-  "dog",
-  "dowg",
-  "dpsgd",
-  "galore",
-  "madgrad",
-  "mechanize",
-  "momo",
-  "momo_adam",
-  "muon",
-  "prodigy",
-  "sam",
-  "schedule_free",
-  "schedule_free_adamw",
-  "schedule_free_sgd",
-  "simplified_ademamix",
-  "sophia",
-  "split_real_and_imaginary",
-)
+#: The optax.contrib optimizers wrapped above: read from this module, so a line added
+#: above is a contrib optimizer everywhere (``optcore.contrib.<name>``, configs).
+CONTRIB_OPTIMIZERS: tuple[str, ...] = _wrapped_names(globals(), _contrib)
+
+__all__ = ["CONTRIB_OPTIMIZERS", *CONTRIB_OPTIMIZERS]

@@ -3,7 +3,7 @@
 `Adafactor` is T5X's, with T5X's factor-rule parsing, T5X's
 ``_AdafactorHyperParams`` (its 17 fields) and ``_AdafactorParamState``
 (``v_row, v_col, v, m``), which T5X's own tests build expected values with.
-The step-offset NaN of T5X is fixed (see `optcore.adafactor`).
+The step-offset NaN of T5X is fixed (see `optcore.t5x`).
 
 Example:
   >>> from optcore_flax import adafactor
@@ -16,15 +16,15 @@ Example:
 import inspect as _inspect
 from typing import Any as _Any
 
-import optcore.adafactor as _core_adafactor
-from optcore.adafactor import HEURISTIC_RULE as HEURISTIC_RULE
-from optcore.adafactor import FactorDim as FactorDim
-from optcore.adafactor import FactorRule as FactorRule
-from optcore.adafactor import HeuristicRule as HeuristicRule
-from optcore.adafactor import HParamMap as HParamMap
-from optcore.adafactor import factor_name_to_factordim as factor_name_to_factordim
-from optcore.adafactor import standard_logical_factor_rules as standard_logical_factor_rules
+import optcore.t5x as _core_adafactor
 from optcore.legacy import AdafactorParamState as _AdafactorParamState
+from optcore.t5x import HEURISTIC_RULE as HEURISTIC_RULE
+from optcore.t5x import FactorDim as FactorDim
+from optcore.t5x import FactorRule as FactorRule
+from optcore.t5x import HeuristicRule as HeuristicRule
+from optcore.t5x import HParamMap as HParamMap
+from optcore.t5x import factor_name_to_factordim as factor_name_to_factordim
+from optcore.t5x import standard_logical_factor_rules as standard_logical_factor_rules
 from optcore_flax._records import hyper_params_record as _record
 from optcore_flax._t5x import T5XFace as _T5XFace
 from optcore_flax.optim.adafactor import _AdafactorHyperParams as _flax_optim_record

@@ -23,7 +23,7 @@ import logging
 import re
 import warnings
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -34,7 +34,6 @@ from optcore._src import paths
 from optcore._src.base import OptimizerDef
 from optcore._src.checks import check_float_params, check_learning_rate
 from optcore._src.hyper_params import HyperParams, at_step, static_key
-from optcore._src.legacy import param_state
 from optcore._src.optimizer import OptimizerState
 
 PyTree = Any
@@ -86,7 +85,7 @@ def standard_logical_factor_rules(rules: Mapping[str, Any] | None = None) -> dic
   """T5X's table from logical axis names to factor roles, updated with ``rules``.
 
   Example:
-    >>> from optcore.adafactor import standard_logical_factor_rules, FactorDim
+    >>> from optcore.t5x import standard_logical_factor_rules, FactorDim
     >>> table = standard_logical_factor_rules({'vocab': 'row'})
     >>> table['embed'], table['vocab'], table['layers']
     (<FactorDim.ROW: 2>, <FactorDim.ROW: 2>, <FactorDim.BATCH: 1>)
@@ -107,7 +106,7 @@ class HParamMap:
   Called on a parameter tree, it gives the tree of each leaf's value (T5X's).
 
   Example:
-    >>> from optcore.adafactor import HParamMap
+    >>> from optcore.t5x import HParamMap
     >>> scale = HParamMap([(r'embedding', False), (r'.*', True)])
     >>> scale['decoder/embedding']
     False
@@ -143,8 +142,11 @@ def _hashable(value: Any) -> Any:
   return tuple(value) if isinstance(value, list) else value
 
 
-@param_state
-class _AdafactorParamState:
+class AdafactorParamState(NamedTuple):
+  """Adafactor's state of one parameter (flax.optim and T5X): the row and column factors, the full
+  second moment where not factored, and the momentum; unused ones are float32 ``zeros((1,))``.
+  """
+
   v_row: jax.Array
   v_col: jax.Array
   v: jax.Array
@@ -204,7 +206,7 @@ class Adafactor(OptimizerDef):
   Example:
     >>> import jax.numpy as jnp
     >>> from jax.sharding import PartitionSpec as P
-    >>> from optcore.adafactor import Adafactor
+    >>> from optcore.t5x import Adafactor
     >>> opt_def = Adafactor(1e-2)
     >>> params = {'layers': {'kernel': jnp.ones((2, 8, 4))}}  # scanned: (layers, embed, mlp)
     >>> opt_def.set_param_axes({'layers': {'kernel': P('layers', 'embed', 'mlp')}})
@@ -352,7 +354,7 @@ class Adafactor(OptimizerDef):
     Example:
       >>> import jax.numpy as jnp
       >>> from jax.sharding import PartitionSpec as P
-      >>> from optcore.adafactor import Adafactor
+      >>> from optcore.t5x import Adafactor
       >>> opt_def = Adafactor(1e-2)
       >>> opt_def.set_param_axes({'scan': P('layers', 'embed', 'mlp')})
       >>> opt_def.create({'scan': jnp.ones((2, 4, 3))}).state.param_states['scan'].v_row.shape
@@ -377,7 +379,7 @@ class Adafactor(OptimizerDef):
 
     Example:
       >>> from jax.sharding import PartitionSpec as P
-      >>> from optcore.adafactor import Adafactor
+      >>> from optcore.t5x import Adafactor
       >>> rules = Adafactor().factor_rules({'bias': P('embed'), 'kernel': P('vocab', 'embed')})
       >>> rules['bias'], rules['kernel']
       ((<FactorDim.NONE: None>,), (<FactorDim.COLUMN: 3>, <FactorDim.ROW: 2>))
@@ -433,7 +435,7 @@ class Adafactor(OptimizerDef):
     self.__dict__["_made_state"] = True  # set_param_axes may not change it any more
     return OptimizerState(jnp.asarray(0, jnp.int32), treedef.unflatten(states))
 
-  def _init_param(self, path: str, param: jax.Array) -> _AdafactorParamState:
+  def _init_param(self, path: str, param: jax.Array) -> AdafactorParamState:
     roles = self._roles(path, tuple(param.shape))
     unused = jnp.zeros(_UNUSED, jnp.float32)
     shape = np.shape(param)
@@ -444,7 +446,7 @@ class Adafactor(OptimizerDef):
     else:
       v_row, v_col, v = unused, unused, jnp.zeros(shape, jnp.float32)
     m = unused if self.hyper_params.beta1 is None else jnp.zeros(shape, self.dtype_momentum)
-    return _AdafactorParamState(v_row, v_col, v, m)
+    return AdafactorParamState(v_row, v_col, v, m)
 
   # Update.
 
@@ -524,7 +526,7 @@ class Adafactor(OptimizerDef):
       new_param = (1.0 - weight_decay) * param - subtrahend
     else:
       new_param = param - subtrahend
-    new_state = _AdafactorParamState(v_row, v_col, new_v, new_m)
+    new_state = AdafactorParamState(v_row, v_col, new_v, new_m)
     # Which new values to discard: every non-finite one, or (T5X's flag) NaN only.
     skipped = (lambda x: ~jnp.isfinite(x)) if self.skip_nonfinite_updates else None
     if skipped is None and hp.get("skip_nan_updates"):
@@ -551,7 +553,7 @@ class Adafactor(OptimizerDef):
       else:
         v_row, v_col, v = unused, unused, spec
       m = unused if self.hyper_params.beta1 is None else spec
-      out.append(_AdafactorParamState(v_row, v_col, v, m))
+      out.append(AdafactorParamState(v_row, v_col, v, m))
     return treedef.unflatten(out)
 
   def _static_key(self) -> tuple:

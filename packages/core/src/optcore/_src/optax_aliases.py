@@ -1,14 +1,16 @@
 """optax's optimizer aliases as optcore definitions, one line each.
 
 Written out, not generated in a loop, so that IDEs and type checkers see
-``optcore.adam`` with optax's signature. `tests/core/test_aliases.py` checks
-this list against what the installed optax offers (`optax_alias_names`), so
-an optimizer that a new optax adds cannot be missed.
+``optcore.adam`` with optax's signature; `OPTAX_ALIASES` is read from these
+lines. `tests/core/test_optax_wrapping.py` checks them against what the
+installed optax offers (`tests/support/optax_names.py`), so an optimizer that
+a new optax adds cannot be missed.
 """
 
 import optax as _optax
 
 from optcore._src.optax_wrapper import wrap_optax_optimizer as _wrap
+from optcore._src.optax_wrapper import wrapped_names as _wrapped_names
 
 adabelief = _wrap(_optax.adabelief, name="adabelief")
 adadelta = _wrap(_optax.adadelta, name="adadelta")
@@ -44,37 +46,6 @@ optimistic_gradient_descent = _wrap(
 optimistic_adam = _wrap(_optax.optimistic_adam, name="optimistic_adam")
 optimistic_adam_v2 = _wrap(_optax.optimistic_adam_v2, name="optimistic_adam_v2")
 
-#: The optax optimizer aliases wrapped here, in optax's order.
-OPTAX_ALIASES: tuple[str, ...] = (
-  "adabelief",
-  "adadelta",
-  "adafactor",
-  "adagrad",
-  "adam",
-  "adamax",
-  "adamaxw",
-  "adamw",
-  "adan",
-  "amsgrad",
-  "fromage",
-  "lamb",
-  "lars",
-  "lbfgs",
-  "lion",
-  "nadam",
-  "nadamw",
-  "noisy_sgd",
-  "novograd",
-  "polyak_sgd",
-  "radam",
-  "rmsprop",
-  "rprop",
-  "sgd",
-  "sign_sgd",
-  "signum",
-  "sm3",
-  "yogi",
-  "optimistic_gradient_descent",
-  "optimistic_adam",
-  "optimistic_adam_v2",
-)
+#: The optax optimizer aliases wrapped above, in the order written (optax's): read from
+#: this module, so a line added above is an alias everywhere (``optcore.<name>``, configs).
+OPTAX_ALIASES: tuple[str, ...] = _wrapped_names(globals(), _optax)

@@ -267,6 +267,22 @@ def wrap_optax_optimizer(
   return wrapped
 
 
+def wrapped_names(namespace: Mapping[str, Any], source: Any) -> tuple[str, ...]:
+  """The public names in ``namespace`` bound to `wrap_optax_optimizer` of
+  ``source``'s function of the same name, in the order they were bound.
+
+  How `optcore.OPTAX_ALIASES` and `optcore.contrib.CONTRIB_OPTIMIZERS` are
+  read from the modules that define the wrappers, so no list is kept by hand.
+  """
+  return tuple(
+    name
+    for name, value in list(namespace.items())
+    if not name.startswith("_")
+    and callable(value)
+    and getattr(value, "__wrapped__", None) is getattr(source, name, None) is not None
+  )
+
+
 def _chain(transformations: Sequence[Any]) -> optax.GradientTransformationExtraArgs:
   """Applies a list of transformations in sequence, as ``optax.chain``.
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -11,13 +11,15 @@ from jax.sharding import PartitionSpec
 
 from optcore._src.base import OptimizerDef
 from optcore._src.hyper_params import HyperParams
-from optcore._src.legacy import param_state
 
 PyTree = Any
 
 
-@param_state
-class _WeightNormParamState:
+class WeightNormParamState(NamedTuple):
+  """flax.optim's WeightNorm state of one parameter: the wrapped optimizer's states of the direction
+  and the scale, and their last values.
+  """
+
   direction_state: Any
   scale_state: Any
   direction: Any
@@ -89,10 +91,10 @@ class WeightNorm(OptimizerDef):
     if _splits(param):
       scale = _norm(param, self.hyper_params.wn_eps)
       direction = param / scale
-      return _WeightNormParamState(
+      return WeightNormParamState(
         inner.init_param_state(direction), inner.init_param_state(scale), direction, scale
       )
-    return _WeightNormParamState(inner.init_param_state(param), (), param, ())
+    return WeightNormParamState(inner.init_param_state(param), (), param, ())
 
   def apply_param_gradient(self, step, hyper_params, param, state, grad):
     inner, inner_hp = self.wrapped_optimizer, hyper_params.inner
@@ -100,7 +102,7 @@ class WeightNorm(OptimizerDef):
       new_param, new_state = inner.apply_param_gradient(
         step, inner_hp, param, state.direction_state, grad
       )
-      return new_param, _WeightNormParamState(new_state, (), new_param, ())
+      return new_param, WeightNormParamState(new_state, (), new_param, ())
     eps = hyper_params.wn_eps
     _, vjp = jax.vjp(lambda d, s: _merge(d, s, eps), state.direction, state.scale)
     direction_grad, scale_grad = vjp(grad)
@@ -112,16 +114,16 @@ class WeightNorm(OptimizerDef):
       step, inner_hp, state.scale, state.scale_state, scale_grad
     )
     new_param = _merge(direction, scale, eps)  # no cast: flax.optim returned it as computed
-    return new_param, _WeightNormParamState(direction_state, scale_state, direction, scale)
+    return new_param, WeightNormParamState(direction_state, scale_state, direction, scale)
 
   def derive_param_state_axes(self, param, param_axes, state):
     """The direction keeps the parameter's axes, the scale its last axis only."""
     inner = self.wrapped_optimizer
     if not _splits(param):
       inner_axes = inner.derive_param_state_axes(param, param_axes, state.direction_state)
-      return _WeightNormParamState(inner_axes, (), param_axes, ())
+      return WeightNormParamState(inner_axes, (), param_axes, ())
     scale_axes = PartitionSpec(*(None,) * (len(param_axes) - 1), param_axes[-1])
-    return _WeightNormParamState(
+    return WeightNormParamState(
       inner.derive_param_state_axes(state.direction, param_axes, state.direction_state),
       inner.derive_param_state_axes(state.scale, scale_axes, state.scale_state),
       param_axes,

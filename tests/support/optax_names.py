@@ -1,6 +1,6 @@
 """Which optax factories optcore should wrap, read from the installed optax itself.
 
-The reference that the written-out lists (`optax_aliases`, `optcore.contrib`)
+The reference that the written-out wrappers (`optcore.<name>`, `optcore.contrib`)
 are tested against, so a newer optax's new optimizers cannot be missed:
 - optax's optimizer aliases: every public name of ``optax`` that optax
   defines in its alias module (adam, sgd, nadam, ...);
