@@ -72,7 +72,7 @@ def test_a_new_legacy_algorithm_is_named_by_a_config_with_no_other_edit(monkeypa
     def apply_param_gradient(self, step, hyper_params, param, state, grad):
       return super().apply_param_gradient(step, hyper_params, param, state, jnp.sign(grad))
 
-  with pytest.raises(ConfigError, match="unknown optimizer 'legacy.Signum'"):
+  with pytest.raises(ConfigError, match=r"unknown optimizer 'legacy\.Signum'"):
     from_config({"name": "legacy.Signum", "learning_rate": 0.1})
   monkeypatch.setattr(optcore.legacy, "Signum", Signum, raising=False)
   monkeypatch.setattr(optcore.legacy, "__all__", [*optcore.legacy.__all__, "Signum"])

@@ -17,6 +17,7 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import faces
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -108,57 +109,16 @@ def _encode(node: Any, digest: Any) -> None:
     digest.update(np.ascontiguousarray(array).tobytes())
 
 
-def core_state_dicts() -> dict[str, str]:
-  out = {}
-  for name, build in definitions().items():
-    opt = build().create(params())
-    opt = opt.replace(state=fill(opt.state), target=fill(opt.target))
-    out[name] = fingerprint(opt.state_dict())
-  return out
-
-
-def flax_bytes() -> dict[str, str]:
-  import flax.serialization
-
-  import optcore_flax  # noqa: F401  (registers the msgpack layout)
-
-  out = {}
-  for name, build in definitions().items():
-    opt = build().create(params())
-    opt = opt.replace(state=fill(opt.state), target=fill(opt.target))
-    out[name] = fingerprint(flax.serialization.to_bytes(opt))
-  return out
-
-
-def equinox_state_dicts() -> dict[str, str]:
-  import optcore_equinox
-
-  out = {}
-  for name, build in definitions().items():
-    opt = optcore_equinox.Optimizer(build(), params())
-    opt = opt.restore_state({"state": optcore.to_state_dict(fill(opt.state))})
-    out[name] = fingerprint(opt.state_dict())
-  return out
-
-
-def treex_state_dicts() -> dict[str, str]:
-  import optcore_treex
-
-  out = {}
-  for name, build in definitions().items():
-    opt = optcore_treex.Optimizer(build()).init(params())
-    filled = jax.tree.unflatten(jax.tree.structure(opt), jax.tree.leaves(fill(opt)))
-    out[name] = fingerprint(filled.state_dict())
-  return out
+def face_fingerprints(face: faces.Face) -> dict[str, str]:
+  """The fingerprint of what ``face`` writes for each of `definitions`, its state filled."""
+  return {
+    name: fingerprint(face.fingerprint(build(), params(), fill))
+    for name, build in definitions().items()
+  }
 
 
 def all_fingerprints() -> dict[str, dict[str, str]]:
-  return {
-    "core": core_state_dicts(),
-    "flax": flax_bytes(),
-    "equinox": equinox_state_dicts(),
-    "treex": treex_state_dicts(),
-  }
+  return {face.name: face_fingerprints(face) for face in faces.FACES}
 
 
 if __name__ == "__main__":

@@ -1,0 +1,273 @@
+"""Every face of optcore, as the cross-face tests drive it: one entry each.
+
+The conformance tests (same numbers, same override answers, same state-dict
+bytes), the cross-face checkpoint tests and the cross-face warning and
+wrong-input tests loop over `FACES`; a new framework face joins all of them
+by one entry here (see docs/development.md, "A new framework face").
+
+Each face holds the parameters in its framework's own container and drives
+its own optimizer object, through its public API only:
+
+- ``create(opt_def, params)``: a handle (a pytree: the face's optimizer with
+  the parameters it trains) from a plain dict of parameters;
+- ``step(handle, grads, overrides)``: one update from a plain dict of
+  gradients, the next handle; ``jit(step)`` is the face's own jit;
+- ``params(handle)``: the parameters, as a plain dict;
+- ``state_dict(handle)`` / ``restore(handle, state_dict)``: what the face
+  writes (a nested dict of arrays) and reads back;
+- ``updates(handle, grads, overrides)``: optax-style updates, where the face
+  offers them (``apply_updates=False``);
+- ``fingerprint(opt_def, params, fill)``: the bytes of its checkpoint with a
+  filled state (`state_dict_bytes.py`).
+
+The framework imports are inside the functions: the core's venv, which has
+none of them, can still import this module (and the face list).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+import optcore
+
+PyTree = Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Face:
+  """How the cross-face tests drive one face."""
+
+  name: str
+  #: The distribution the face needs (a test variant without it does not run the face).
+  module: str
+  create: Callable[[Any, dict], PyTree]
+  step: Callable[[PyTree, dict, dict], PyTree]
+  params: Callable[[PyTree], dict]
+  state_dict: Callable[[PyTree], Any]
+  restore: Callable[[PyTree, Any], PyTree]
+  fingerprint: Callable[[Any, dict, Callable], Any]
+  jit: Callable[[Callable], Callable] = jax.jit
+  updates: Callable[[PyTree, dict, dict], dict] | None = None
+
+  def __repr__(self) -> str:
+    return self.name
+
+
+# The core: optcore.Optimizer over a plain dict.
+
+
+def _core_fingerprint(opt_def, params, fill):
+  opt = opt_def.create(params)
+  return opt.replace(state=fill(opt.state), target=fill(opt.target)).state_dict()
+
+
+CORE = Face(
+  name="core",
+  module="optcore",
+  create=lambda opt_def, params: opt_def.create(params),
+  step=lambda opt, grads, overrides: opt.apply_gradient(grads, **overrides),
+  params=lambda opt: opt.target,
+  state_dict=lambda opt: opt.state_dict(),
+  restore=lambda opt, sd: opt.restore_state(sd),
+  fingerprint=_core_fingerprint,
+)
+
+
+# flax.optim's face: optcore_flax.optim.Optimizer over a FrozenDict, msgpack bytes.
+
+
+def _freeze(tree):
+  import flax
+
+  return flax.core.freeze(tree)
+
+
+def _unfreeze(tree):
+  import flax
+
+  return flax.core.unfreeze(tree)
+
+
+def _flax_create(opt_def, params):
+  import optcore_flax  # noqa: F401  (registers the Flax layout)
+
+  return opt_def.create(_freeze(params))  # flax.optim's Optimizer is optcore's
+
+
+def _flax_state_dict(opt):
+  import flax.serialization
+
+  return flax.serialization.to_state_dict(opt)
+
+
+def _flax_restore(opt, state_dict):
+  import flax.serialization
+
+  return flax.serialization.from_state_dict(opt, state_dict)
+
+
+def _flax_fingerprint(opt_def, params, fill):
+  import flax.serialization
+
+  opt = _flax_create(opt_def, params)
+  opt = opt.replace(state=fill(opt.state), target=fill(opt.target))
+  return flax.serialization.to_bytes(opt)
+
+
+FLAX = Face(
+  name="flax",
+  module="optcore_flax",
+  create=_flax_create,
+  step=lambda opt, grads, overrides: opt.apply_gradient(_freeze(grads), **overrides),
+  params=lambda opt: _unfreeze(opt.target),
+  state_dict=_flax_state_dict,
+  restore=_flax_restore,
+  fingerprint=_flax_fingerprint,
+)
+
+
+# Equinox: optcore_equinox.Optimizer with the parameters as an eqx.Module's field.
+
+
+_CLASSES: dict[tuple[str, tuple[str, ...]], type] = {}
+
+
+def _eqx_model(params):
+  """An eqx.Module with one field per parameter name (one class per set of names)."""
+  import equinox as eqx
+
+  key = ("equinox", tuple(sorted(params)))  # fields in a dict's order: the same leaf order
+  if key not in _CLASSES:
+    annotations = dict.fromkeys(key[1], jax.Array)
+    _CLASSES[key] = type("Params", (eqx.Module,), {"__annotations__": annotations})
+  return _CLASSES[key](**params)
+
+
+def _fields(container) -> dict:
+  return {name: getattr(container, name) for name in _field_names(container)}
+
+
+def _field_names(container) -> tuple[str, ...]:
+  return next(k[1] for k, cls in _CLASSES.items() if cls is type(container))
+
+
+def _eqx_create(opt_def, params):
+  import optcore_equinox
+
+  model = _eqx_model(params)
+  return model, optcore_equinox.Optimizer(opt_def, model)
+
+
+def _eqx_step(handle, grads, overrides):
+  model, opt = handle
+  return opt.update(type(model)(**grads), model, **overrides)
+
+
+def _eqx_restore(handle, state_dict):
+  model, opt = handle
+  return model, opt.restore_state(state_dict)
+
+
+def _eqx_fingerprint(opt_def, params, fill):
+  import optcore_equinox
+
+  opt = optcore_equinox.Optimizer(opt_def, params)
+  return opt.restore_state({"state": optcore.to_state_dict(fill(opt.state))}).state_dict()
+
+
+def _eqx_jit(fn):
+  import equinox as eqx
+
+  return eqx.filter_jit(fn)
+
+
+EQUINOX = Face(
+  name="equinox",
+  module="optcore_equinox",
+  create=_eqx_create,
+  step=_eqx_step,
+  params=lambda handle: _fields(handle[0]),
+  state_dict=lambda handle: handle[1].state_dict(),
+  restore=_eqx_restore,
+  fingerprint=_eqx_fingerprint,
+  jit=_eqx_jit,
+)
+
+
+# Treex: optcore_treex.Optimizer (a treeo Tree) with the parameters in a treeo Tree.
+
+
+def _treeo_params(params):
+  """A treeo Tree with one node field per parameter name (one class per set of names)."""
+  import treeo as to
+
+  key = ("treeo", tuple(sorted(params)))  # fields in a dict's order: the same leaf order
+  if key not in _CLASSES:
+
+    def __init__(self, **values):
+      for name, value in values.items():
+        setattr(self, name, value)
+
+    namespace = {name: to.field(node=True) for name in key[1]}
+    namespace |= {"__annotations__": dict.fromkeys(key[1], jax.Array), "__init__": __init__}
+    _CLASSES[key] = type("Params", (to.Tree,), namespace)
+  return _CLASSES[key](**params)
+
+
+def _treex_create(opt_def, params):
+  import optcore_treex
+
+  container = _treeo_params(params)
+  return container, optcore_treex.Optimizer(opt_def).init(container)
+
+
+def _treex_step(handle, grads, overrides):
+  import treeo as to
+
+  params, opt = handle
+  opt = to.copy(opt)  # a treeo optimizer updates in place: keep the handle given unchanged
+  new_params = opt.update(type(params)(**grads), params, **overrides)
+  return new_params, opt
+
+
+def _treex_updates(handle, grads, overrides):
+  import treeo as to
+
+  params, opt = handle
+  updates = to.copy(opt).update(type(params)(**grads), params, apply_updates=False, **overrides)
+  return _fields(updates)
+
+
+def _treex_restore(handle, state_dict):
+  params, opt = handle
+  return params, opt.restore_state(state_dict)
+
+
+def _treex_fingerprint(opt_def, params, fill):
+  import optcore_treex
+
+  opt = optcore_treex.Optimizer(opt_def).init(params)
+  filled = jax.tree.unflatten(jax.tree.structure(opt), jax.tree.leaves(fill(opt)))
+  return filled.state_dict()
+
+
+TREEX = Face(
+  name="treex",
+  module="optcore_treex",
+  create=_treex_create,
+  step=_treex_step,
+  params=lambda handle: _fields(handle[0]),
+  state_dict=lambda handle: handle[1].state_dict(),
+  restore=_treex_restore,
+  fingerprint=_treex_fingerprint,
+  updates=_treex_updates,
+)
+
+
+#: Every face; the cross-face tests loop over this list.
+FACES: list[Face] = [CORE, FLAX, EQUINOX, TREEX]
+FACES_BY_NAME: dict[str, Face] = {face.name: face for face in FACES}
