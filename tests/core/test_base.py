@@ -104,7 +104,7 @@ def test_hyper_params_are_immutable():
   hp = optcore.HyperParams(learning_rate=0.1)
   with pytest.raises(AttributeError, match="immutable"):
     hp.learning_rate = 0.2
-  with pytest.raises(AttributeError, match="no hyper-parameter 'lr'"):
+  with pytest.raises(AttributeError, match="unknown hyper-parameter 'lr'; the valid names are"):
     _ = hp.lr
 
 

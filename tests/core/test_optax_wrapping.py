@@ -416,7 +416,9 @@ def test_overrides_reach_the_wrapped_optimizers_inside_a_chain():
   tx = optax.chain(optax.clip_by_global_norm(10.0), optax.sgd(0.25, momentum=0.5))
   updates, _ = tx.update({"w": jnp.ones(2)}, tx.init({"w": jnp.zeros(2)}))
   np.testing.assert_array_equal(step(opt, 0.25).target["w"], updates["w"])
-  with pytest.raises(TypeError, match=r"unknown hyper-parameter\(s\) \['lr'\].*learning_rate"):
+  with pytest.raises(
+    TypeError, match=r"unknown hyper-parameter 'lr'; the valid names are: .*learning_rate"
+  ):
     opt.apply_gradient({"w": jnp.ones(2)}, lr=0.1)
 
 

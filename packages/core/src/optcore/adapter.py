@@ -17,6 +17,7 @@ same errors, and writes the same state dicts.
   `NamedSharding` objects from the parameters' axes.
 - `key_data_for_export`: typed PRNG keys as key data, for formats without
   them (msgpack).
+- `warn`: a warning attributed to the user's line, whatever path led to it.
 
 See "Writing an adapter" in the documentation (docs/concepts/adapters.md) for the Treex
 face as a worked example.
@@ -40,6 +41,7 @@ from optcore._src.serialization import state_only_dict as state_dict
 from optcore._src.state_axes import state_logical_axes as state_logical_axes
 from optcore._src.state_axes import state_shardings as state_shardings
 from optcore._src.step import apply_step as step
+from optcore._src.user_warnings import warn as warn
 
 __all__ = [
   "as_definition",
@@ -49,4 +51,5 @@ __all__ = [
   "state_logical_axes",
   "state_shardings",
   "step",
+  "warn",
 ]

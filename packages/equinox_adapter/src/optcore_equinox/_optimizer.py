@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -58,11 +57,10 @@ class Optimizer(eqx.Module):
     self.wrt = wrt
     params = eqx.filter(model, wrt)
     if not jax.tree.leaves(params):
-      warnings.warn(
+      adapter.warn(
         f"optcore_equinox.Optimizer: the filter wrt={wrt!r} selects no leaf of the model, so "
         "nothing will be trained. The default, eqx.is_inexact_array, selects the float arrays.",
         UserWarning,
-        stacklevel=2,
       )
     self.state = optimizer.init_state(params)
 
@@ -125,8 +123,6 @@ class Optimizer(eqx.Module):
     that mesh axis, as `optcore.OptimizerDef.derive_shardings` does. Pass the
     result to ``eqx.filter_shard`` or use `shard`.
     """
-    if mesh is None:
-      raise TypeError("a mesh is required: pass mesh=jax.sharding.Mesh(devices, axis_names)")
     params = self.params(model)
     specs = None if model_specs is None else _select(model_specs, params, check=False)
     shardings = adapter.state_shardings(

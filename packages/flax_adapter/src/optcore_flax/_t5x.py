@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import jax
@@ -29,13 +28,12 @@ class T5XFace:
     replaced = hyper_param_overrides.pop("hyper_params", None)
     ignored = sorted(set(hyper_param_overrides) - self.overridable_names())
     if ignored:
-      warnings.warn(
+      optcore.adapter.warn(
         f"{self!r} has no hyper-parameter {ignored}: ignored, as T5X ignored it (its trainer "
         "passes learning_rate= on every step). To have a learning rate schedule take effect, "
         "build the optimizer from optcore_flax.optimizers' factories, e.g. "
         "optimizers.chain([optax.clip_by_global_norm(1.0), optimizers.adamw(1e-4)]).",
         UserWarning,
-        stacklevel=3,
       )
     kept = {k: v for k, v in hyper_param_overrides.items() if k not in ignored}
     if replaced is not None:

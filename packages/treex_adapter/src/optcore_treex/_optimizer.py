@@ -188,8 +188,6 @@ class Optimizer(to.Tree):
     jitted step's in and out shardings, or `shard`.
     """
     self._check_initialized()
-    if mesh is None:
-      raise TypeError("a mesh is required: pass mesh=jax.sharding.Mesh(devices, axis_names)")
     step = jnp.zeros((), jnp.int32) if self.step is None else self.step
     shardings = adapter.state_shardings(
       self.optimizer_def,

@@ -21,7 +21,6 @@ import enum
 import inspect
 import logging
 import re
-import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -35,6 +34,7 @@ from optcore._src.base import OptimizerDef
 from optcore._src.checks import check_float_params, check_learning_rate
 from optcore._src.hyper_params import HyperParams, at_step, static_key
 from optcore._src.optimizer import OptimizerState
+from optcore._src.user_warnings import warn
 
 PyTree = Any
 
@@ -332,12 +332,11 @@ class Adafactor(OptimizerDef):
 
   def update_hyper_params(self, **hyper_param_overrides: Any) -> HyperParams:
     if "beta1" in hyper_param_overrides and self.hyper_params.beta1 is None:
-      warnings.warn(
+      warn(
         f"{type(self).__name__}: the override beta1={hyper_param_overrides['beta1']!r} has no "
         "effect: this Adafactor was built without momentum (beta1=None), so its state has no "
         "momentum to update. Build it with beta1=... to use momentum.",
         UserWarning,
-        stacklevel=3,
       )
     return super().update_hyper_params(**hyper_param_overrides)
 

@@ -304,7 +304,7 @@ class OptimizerDef:
       self,
       optimizer,
       param_logical_axes,
-      _required_mesh(mesh),
+      state_axes.required_mesh(mesh),
       logical_axis_rules,
       state_axis=state_axis,
     )
@@ -347,7 +347,7 @@ class OptimizerDef:
       self,
       target,
       param_logical_axes,
-      _required_mesh(mesh),
+      state_axes.required_mesh(mesh),
       logical_axis_rules,
       state_axis=state_axis,
     )
@@ -495,12 +495,3 @@ class ReplicatedOptimizer(OptimizerDef):
 
   def __repr__(self) -> str:
     return f"ReplicatedOptimizer({self.optimizer_def!r}, axis_name={self.axis_name!r})"
-
-
-def _required_mesh(mesh: jax.sharding.Mesh | None) -> jax.sharding.Mesh:
-  if mesh is None:
-    raise TypeError(
-      "a mesh is required: pass mesh=jax.sharding.Mesh(devices, axis_names) (with "
-      "state_axis='data' alone, the parameters are replicated and the state is split)"
-    )
-  return mesh

@@ -31,6 +31,7 @@ class ConfigError(ValueError):
 
 ConfigError.__module__ = "optcore.config"
 
+
 def _legacy_names() -> tuple[str, ...]:
   """The algorithms a config names as ``legacy.<name>``: every definition that
   `optcore.legacy` exports, read from it when a config is read or written, so a

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import types
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import jax
@@ -95,6 +95,15 @@ def _function_key(fn: types.FunctionType, seen: frozenset) -> Any:
   )
 
 
+def unknown_names_message(unknown: Iterable[str], valid: Iterable[str]) -> str:
+  """The one wording for hyper-parameter names a definition does not have:
+  ``unknown hyper-parameter 'lr'; the valid names are: b1, b2, eps``."""
+  unknown = list(unknown)
+  noun = "hyper-parameter" if len(unknown) == 1 else "hyper-parameters"
+  names = ", ".join(sorted(valid)) or "(none)"
+  return f"unknown {noun} {', '.join(map(repr, unknown))}; the valid names are: {names}"
+
+
 class HyperParams(Mapping[str, Any]):
   """The hyper-parameters of an optimizer definition, by name.
 
@@ -123,9 +132,7 @@ class HyperParams(Mapping[str, Any]):
     try:
       return self._values[name]
     except KeyError:
-      raise AttributeError(
-        f"no hyper-parameter {name!r}; the valid names are: {', '.join(sorted(self._values))}"
-      ) from None
+      raise AttributeError(unknown_names_message([name], self._values)) from None
 
   def __setattr__(self, name: str, value: Any) -> None:
     raise AttributeError("HyperParams is immutable; use .replace(**changes)")
@@ -143,11 +150,7 @@ class HyperParams(Mapping[str, Any]):
     """A copy with ``changes`` applied; an unknown name raises TypeError."""
     unknown = [name for name in changes if name not in self._values]
     if unknown:
-      valid = ", ".join(sorted(self._values)) or "(none)"
-      noun = "hyper-parameter" if len(unknown) == 1 else "hyper-parameters"
-      raise TypeError(
-        f"unknown {noun} {', '.join(map(repr, unknown))}; the valid names are: {valid}"
-      )
+      raise TypeError(unknown_names_message(unknown, self._values))
     return HyperParams(**{**self._values, **changes})
 
   def __eq__(self, other: object) -> bool:

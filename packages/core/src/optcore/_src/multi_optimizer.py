@@ -16,7 +16,6 @@ the state is a tuple with one such tree per group (``param_states/0/...``).
 from __future__ import annotations
 
 import copy
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,6 +28,7 @@ from optcore._src.base import OptimizerDef, PyTree
 from optcore._src.hyper_params import HyperParams
 from optcore._src.optimizer import OptimizerState
 from optcore._src.traversal import Selector, SelectorError, leaves_with_paths, selector_mask
+from optcore._src.user_warnings import warn
 
 
 class MultiOptimizer(OptimizerDef):
@@ -129,10 +129,9 @@ class MultiOptimizer(OptimizerDef):
     overlaps = []
     for i, picks in enumerate(flat):
       if not any(picks):
-        warnings.warn(
+        warn(
           f"MultiOptimizer: selector {i} ({self.traversals[i]!r}) matches no parameter; its "
           f"optimizer {self.sub_optimizers[i]!r} will do nothing.",
-          stacklevel=4,
         )
       for path, picked in zip(leaf_paths, picks, strict=True):
         if picked and path in taken:

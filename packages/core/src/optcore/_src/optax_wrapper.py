@@ -162,20 +162,9 @@ class OptaxWrapper(OptimizerDef):
         "per step."
       )
     hyper_params = hyper_param_overrides.pop("hyper_params", self.hyper_params)
-    nested = {k: v for k, v in hyper_param_overrides.items() if k not in hyper_params}
-    reachable = overrides.reachable_names(hyper_params) if nested else set()
-    if reachable:
-      # Names of wrapped optimizers among the arguments (chain([adamw(...)]),
-      # mechanize(base_optimizer=...)) reach them, as in a MultiOptimizer.
-      valid = set(hyper_params) | reachable
-      unused = sorted(nested.keys() - valid)
-      if unused:
-        raise TypeError(
-          f"{self!r}: unknown hyper-parameter(s) {unused}; the valid names are: "
-          f"{', '.join(sorted(valid))}"
-        )
-      hyper_params = HyperParams(**{k: overrides.route(v, nested) for k, v in hyper_params.items()})
-      hyper_param_overrides = {k: v for k, v in hyper_param_overrides.items() if k not in nested}
+    hyper_params, hyper_param_overrides = overrides.route_nested(
+      repr(self), hyper_params, hyper_param_overrides
+    )
     return super().update_hyper_params(hyper_params=hyper_params, **hyper_param_overrides)
 
   def as_optax(self) -> Any:

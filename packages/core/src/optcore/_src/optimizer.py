@@ -8,7 +8,6 @@ pytrees that pass through `jax.jit`; the definition is static data.
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -18,6 +17,7 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 from optcore._src.step import apply_step
+from optcore._src.user_warnings import warn
 
 PyTree = Any
 T = TypeVar("T")
@@ -122,11 +122,10 @@ class Optimizer(Generic[T]):
   def optimize(self, loss_fn: Callable[[T], Any], **hyper_param_overrides: Any) -> tuple:
     """flax.optim's deprecated one-call step: ``(new_optimizer, loss[, aux])``,
     the loss computed before the update."""
-    warnings.warn(
+    warn(
       "Optimizer.optimize() is deprecated (as in flax.optim): compute the gradient with "
       "jax.grad or Optimizer.compute_gradient and call apply_gradient.",
       DeprecationWarning,
-      stacklevel=2,
     )
     *outputs, grad = self.compute_gradient(loss_fn)
     return (self.apply_gradient(grad, **hyper_param_overrides), *outputs)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -28,7 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from optcore._src import paths
-from optcore._src.hyper_params import HyperParams, is_numeric, static_key
+from optcore._src.hyper_params import HyperParams, is_numeric, static_key, unknown_names_message
+from optcore._src.user_warnings import warn
 
 PyTree = Any
 _TracerErrors = (
@@ -63,12 +63,11 @@ def resolve(optimizer_def: Any, **hyper_param_overrides: Any) -> HyperParams:
       hyper_params = own
   ignored = sorted(set(hyper_param_overrides) & set(optimizer_def.constructor_only))
   if ignored:
-    warnings.warn(
+    warn(
       f"{optimizer_def.display_name()}: the override(s) {ignored} have no effect: the original "
       f"algorithm reads them from the constructor only, and so does optcore, to keep its "
       f"numbers. Build a new definition with {ignored[0]}=... to change it.",
       UserWarning,
-      stacklevel=5,  # the user's apply_gradient / update call
     )
   if hyper_param_overrides:
     try:
@@ -112,6 +111,26 @@ def route(value: Any, overrides: Mapping[str, Any]) -> Any:
     if applicable:
       return value.with_hyper_params(value.update_hyper_params(**applicable))
   return value
+
+
+def route_nested(
+  owner: str, hyper_params: HyperParams, hyper_param_overrides: dict[str, Any]
+) -> tuple[HyperParams, dict[str, Any]]:
+  """Sends the overrides that name a wrapped definition's hyper-parameters
+  (``chain([adamw(...)])`` takes ``weight_decay=``, ``mechanize(base_optimizer=
+  ...)`` its base's) to that definition, as a MultiOptimizer does to its
+  groups. Returns the hyper-parameters with them routed, and the overrides of
+  ``hyper_params``' own names. A name neither has raises TypeError."""
+  nested = {k: v for k, v in hyper_param_overrides.items() if k not in hyper_params}
+  reachable = reachable_names(hyper_params) if nested else set()
+  if not reachable:
+    return hyper_params, hyper_param_overrides
+  valid = set(hyper_params) | reachable
+  unused = sorted(nested.keys() - valid)
+  if unused:
+    raise TypeError(f"{owner}: {unknown_names_message(unused, valid)}")
+  routed = HyperParams(**{k: route(v, nested) for k, v in hyper_params.items()})
+  return routed, {k: v for k, v in hyper_param_overrides.items() if k not in nested}
 
 
 def changed(base: HyperParams, new: HyperParams) -> dict[str, Any]:

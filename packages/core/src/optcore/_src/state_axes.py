@@ -22,6 +22,16 @@ PyTree = Any
 LogicalAxisRules = Sequence[tuple[str, Any]]
 
 
+def required_mesh(mesh: Mesh | None) -> Mesh:
+  """``mesh``, or the one TypeError for a missing mesh that every face raises."""
+  if mesh is None:
+    raise TypeError(
+      "a mesh is required: pass mesh=jax.sharding.Mesh(devices, axis_names) (with "
+      "state_axis='data' alone, the parameters are replicated and the state is split)"
+    )
+  return mesh
+
+
 def state_logical_axes(
   optimizer_def: Any, state: OptimizerState, params: PyTree, param_axes: PyTree
 ) -> OptimizerState:
@@ -51,7 +61,7 @@ def state_shardings(
   state: OptimizerState,
   params: PyTree,
   param_axes: PyTree | None,
-  mesh: Mesh,
+  mesh: Mesh | None,
   logical_axis_rules: LogicalAxisRules | None = None,
   *,
   state_axis: str | None = None,
@@ -61,7 +71,8 @@ def state_shardings(
   axes name mesh axes already). ``param_axes`` None: the parameters are
   replicated. ``state_axis`` also splits every leaf over that mesh axis
   (ZeRO-1, see `OptimizerDef.derive_shardings`). Raises `PartitionRuleError`
-  naming the first leaf whose dimension the mesh does not divide.
+  naming the first leaf whose dimension the mesh does not divide, and
+  TypeError when ``mesh`` is None.
 
   Example:
     >>> import jax, jax.numpy as jnp, numpy as np
@@ -78,11 +89,29 @@ def state_shardings(
   """
   if param_axes is None:
     param_axes = jax.tree.map(lambda _: PartitionSpec(), params)
-  axes = state_logical_axes(optimizer_def, state, params, param_axes)
-  shardings = sharding.logical_to_mesh_sharding(axes, mesh, logical_axis_rules)
+  axes = partition_rules.normalize_param_axes(params, param_axes)
+  shardings = _unchecked_state_shardings(
+    optimizer_def, state, params, axes, required_mesh(mesh), logical_axis_rules, state_axis
+  )
+  sharding.check_divisible(state, shardings)  # named here, not in device_put's error
+  return shardings
+
+
+def _unchecked_state_shardings(
+  optimizer_def: Any,
+  state: OptimizerState,
+  params: PyTree,
+  axes: PyTree,
+  mesh: Mesh,
+  logical_axis_rules: LogicalAxisRules | None,
+  state_axis: str | None,
+) -> OptimizerState:
+  """The one pipeline behind `state_shardings` and `optimizer_shardings`: the
+  state's logical axes, mapped onto ``mesh``, and ZeRO-1's ``state_axis``."""
+  state_axes = state_logical_axes(optimizer_def, state, params, axes)
+  shardings = sharding.logical_to_mesh_sharding(state_axes, mesh, logical_axis_rules)
   if state_axis is not None:
     shardings = add_state_axis(state, shardings, mesh, state_axis)
-  sharding.check_divisible(state, shardings)  # named here, not in device_put's error
   return shardings
 
 
@@ -110,11 +139,12 @@ def optimizer_shardings(
   see `add_state_axis`); the parameters keep their own sharding."""
   if param_logical_axes is None:
     param_logical_axes = jax.tree.map(lambda _: PartitionSpec(), optimizer.target)
-  axes = optimizer_logical_axes(optimizer_def, optimizer, param_logical_axes)
-  shardings = sharding.logical_to_mesh_sharding(axes, mesh, logical_axis_rules)
-  if state_axis is not None:
-    state = add_state_axis(optimizer.state, shardings.state, mesh, state_axis)
-    shardings = shardings.replace(state=state)
+  axes = partition_rules.normalize_param_axes(optimizer.target, param_logical_axes)
+  state = _unchecked_state_shardings(
+    optimizer_def, optimizer.state, optimizer.target, axes, mesh, logical_axis_rules, state_axis
+  )
+  target = sharding.logical_to_mesh_sharding(axes, mesh, logical_axis_rules)
+  shardings = Optimizer(optimizer_def, state, target)
   sharding.check_divisible(optimizer, shardings)
   return shardings
 
