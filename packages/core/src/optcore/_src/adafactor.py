@@ -17,11 +17,8 @@ moment is the current squared gradient (a fresh start) until the offset.
 
 from __future__ import annotations
 
-import enum
 import inspect
-import logging
-import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import jax
@@ -32,114 +29,12 @@ from jax.sharding import PartitionSpec
 from optcore._src import paths
 from optcore._src.base import OptimizerDef
 from optcore._src.checks import check_float_params, check_learning_rate
-from optcore._src.hyper_params import HyperParams, at_step, static_key
+from optcore._src.factoring import FactorRules, HParamMap, t5x_path
+from optcore._src.hyper_params import HyperParams, at_step
 from optcore._src.optimizer import OptimizerState
 from optcore._src.user_warnings import warn
 
 PyTree = Any
-
-
-class FactorDim(enum.Enum):
-  """The role of one dimension of a parameter in Adafactor's factoring."""
-
-  NONE = None
-  BATCH = 1
-  ROW = 2
-  COLUMN = 3
-
-
-class HeuristicRule(enum.Enum):
-  """T5X's sentinel type: its one member, `HEURISTIC_RULE`, is the factor_map
-  value meaning "decide by the size heuristic"."""
-
-  token = 1
-
-
-#: The factor_map value meaning "decide by the size heuristic".
-HEURISTIC_RULE = HeuristicRule.token
-#: What a factor_map gives a parameter: the heuristic, or one FactorDim per dimension.
-FactorRule = HeuristicRule | tuple[FactorDim, ...]
-
-_FACTOR_NAMES = {
-  "none": FactorDim.NONE,
-  "unfactorized": FactorDim.NONE,
-  "batch": FactorDim.BATCH,
-  "row": FactorDim.ROW,
-  "col": FactorDim.COLUMN,
-  "column": FactorDim.COLUMN,
-}
-
-
-def factor_name_to_factordim(name: Any) -> FactorDim:
-  """A FactorDim from itself or its name ('row', 'col', 'column', 'batch', 'none')."""
-  if isinstance(name, FactorDim):
-    return name
-  if isinstance(name, str) and name.lower() in _FACTOR_NAMES:
-    return _FACTOR_NAMES[name.lower()]
-  raise ValueError(
-    f"{name!r} is not a factor dimension; use a FactorDim or one of {sorted(_FACTOR_NAMES)}"
-  )
-
-
-def standard_logical_factor_rules(rules: Mapping[str, Any] | None = None) -> dict[str, FactorDim]:
-  """T5X's table from logical axis names to factor roles, updated with ``rules``.
-
-  Example:
-    >>> from optcore.t5x import standard_logical_factor_rules, FactorDim
-    >>> table = standard_logical_factor_rules({'vocab': 'row'})
-    >>> table['embed'], table['vocab'], table['layers']
-    (<FactorDim.ROW: 2>, <FactorDim.ROW: 2>, <FactorDim.BATCH: 1>)
-  """
-  column = (
-    "vocab mlp heads kv joined_kv q_wi_fused o_wo_fused kv_fused multiquery_heads mlp_activations"
-  ).split()
-  table = {name: FactorDim.COLUMN for name in column}
-  table.update(embed=FactorDim.ROW, layers=FactorDim.BATCH, stack=FactorDim.BATCH)
-  table.update(relpos_buckets=FactorDim.NONE, layer_norm_scale=FactorDim.NONE)
-  table.update({k: factor_name_to_factordim(v) for k, v in (rules or {}).items()})
-  return table
-
-
-class HParamMap:
-  """A value per parameter path: the first rule whose regex is found
-  (``re.search``) in the '/'-joined path wins; no match is a KeyError.
-  Called on a parameter tree, it gives the tree of each leaf's value (T5X's).
-
-  Example:
-    >>> from optcore.t5x import HParamMap
-    >>> scale = HParamMap([(r'embedding', False), (r'.*', True)])
-    >>> scale['decoder/embedding']
-    False
-    >>> scale({'decoder': {'embedding': 0.0, 'mlp': {'kernel': 0.0}}})
-    {'decoder': {'embedding': False, 'mlp': {'kernel': True}}}
-  """
-
-  def __init__(self, rules: Sequence[tuple[str, Any]]):
-    self.rules = tuple((pattern, value) for pattern, value in rules)
-    self._compiled = [(re.compile(pattern), value) for pattern, value in self.rules]
-
-  def __getitem__(self, path: str) -> Any:
-    for regex, value in self._compiled:
-      if regex.search(path):
-        return value
-    raise KeyError(f"no rule in this HParamMap matches the parameter {path!r}")
-
-  def __call__(self, params: PyTree) -> PyTree:
-    """A copy of ``params`` holding each leaf's value (T5X's ``HParamMap(params)``)."""
-    return jax.tree_util.tree_map_with_path(lambda keys, _: self[t5x_path(keys)], params)
-
-  def __eq__(self, other: object) -> bool:
-    return isinstance(other, HParamMap) and other.rules == self.rules
-
-  def __hash__(self) -> int:
-    return hash(("HParamMap", tuple((p, _hashable(v)) for p, v in self.rules)))
-
-  def __repr__(self) -> str:
-    return f"HParamMap({list(self.rules)!r})"
-
-
-def _hashable(value: Any) -> Any:
-  return tuple(value) if isinstance(value, list) else value
 
 
 class AdafactorParamState(NamedTuple):
@@ -156,20 +51,7 @@ class AdafactorParamState(NamedTuple):
 _UNUSED = (1,)  # flax.optim and T5X keep unused accumulators as float32 zeros((1,))
 
 
-class _Roles:
-  """The dimensions of one parameter by role; ``factored`` when ROW and COLUMN exist."""
-
-  def __init__(self, ndim: int, batch=(), rows=(), cols=()):
-    self.ndim = ndim
-    self.batch, self.rows, self.cols = tuple(batch), tuple(rows), tuple(cols)
-    self.factored = bool(self.rows) and bool(self.cols)
-    self.non_batch = tuple(d for d in range(ndim) if d not in self.batch)
-
-  def kept(self, dropped: tuple[int, ...]) -> tuple[int, ...]:
-    return tuple(d for d in range(self.ndim) if d not in dropped)
-
-
-class Adafactor(OptimizerDef):
+class Adafactor(FactorRules, OptimizerDef):
   """T5X's Adafactor (``t5x.adafactor.Adafactor``), every argument included.
 
   Args:
@@ -281,55 +163,6 @@ class Adafactor(OptimizerDef):
     self.dtype_momentum = jnp.dtype(dtype_momentum)
     self.skip_nonfinite_updates = bool(skip_nonfinite_updates)
 
-  # Factoring roles.
-
-  def _roles(self, path: str, shape: tuple[int, ...]) -> _Roles:
-    """The dimensions' roles, parsed as T5X's ``_parse_rule`` parses them.
-
-    The state's layout: the constructor's values decide, never an override.
-    Not factored: no rule (all dimensions averaged). A None rule: the same.
-    `HEURISTIC_RULE` (the default without ``factor_map``): the size heuristic,
-    and T5X's ValueError for rank > 2. An explicit rule of the wrong rank:
-    ValueError; one of rank <= 2 without BATCH: ignored (logged, as T5X logs
-    it) for the heuristic. flax.optim's Adafactor has no rules: the heuristic.
-    """
-    hp = self.hyper_params
-    factor_map = hp.get("factor_map")
-    if not hp.factored:
-      rule = None
-    else:
-      rule = factor_map[path] if factor_map else HEURISTIC_RULE  # T5X: an empty map too
-    if rule is None:
-      return _Roles(len(shape))
-    heuristic = rule is HEURISTIC_RULE
-    if not heuristic and len(shape) <= 2:
-      rule_dims = tuple(factor_name_to_factordim(r) for r in rule)
-      if len(rule_dims) == len(shape) and FactorDim.BATCH not in rule_dims:
-        _log_ignored_rule(path, shape, rule_dims)
-        heuristic = True
-    if heuristic:
-      if self._t5x_numerics and len(shape) > 2:
-        raise ValueError(
-          f"A parameter with rank strictly higher than 2 must have an explicit factorization "
-          f"rule: {path}, {shape}. Give Adafactor a factor_map rule for it (a tuple of "
-          "FactorDim per dimension, e.g. (FactorDim.BATCH, FactorDim.ROW, FactorDim.COLUMN)), "
-          "call set_param_axes with its logical axes, or pass factored=False."
-        )
-      if len(shape) < 2:
-        return _Roles(len(shape))
-      order = np.argsort(np.asarray(shape))
-      if shape[order[-2]] < hp.min_dim_size_to_factor:
-        return _Roles(len(shape))
-      return _Roles(len(shape), rows=(int(order[-2]),), cols=(int(order[-1]),))
-    rule = tuple(factor_name_to_factordim(r) for r in rule)
-    if len(rule) != len(shape):
-      raise ValueError(
-        f"Factorization rule {rule} has incorrect rank for param of rank {len(shape)}: "
-        f"{path}, {shape}. Give one FactorDim per dimension."
-      )
-    dims = lambda role: tuple(i for i, r in enumerate(rule) if r is role)
-    return _Roles(len(shape), dims(FactorDim.BATCH), dims(FactorDim.ROW), dims(FactorDim.COLUMN))
-
   def update_hyper_params(self, **hyper_param_overrides: Any) -> HyperParams:
     if "beta1" in hyper_param_overrides and self.hyper_params.beta1 is None:
       warn(
@@ -339,91 +172,6 @@ class Adafactor(OptimizerDef):
         UserWarning,
       )
     return super().update_hyper_params(**hyper_param_overrides)
-
-  def set_param_axes(self, param_logical_axes: PyTree) -> None:
-    """Derives ``factor_map`` from the parameters' logical axis names (T5X).
-
-    Each name maps to a role through ``logical_factor_rules`` (default:
-    `standard_logical_factor_rules`), as `factor_rules` says; a parameter of
-    rank <= 2 without BATCH keeps the size heuristic. Changes this definition
-    in place, as T5X does: call it before `create`. After this definition
-    has made a state (``create``, ``init_state``), it raises instead: the
-    optimizers built on it would no longer fit their own state.
-
-    Example:
-      >>> import jax.numpy as jnp
-      >>> from jax.sharding import PartitionSpec as P
-      >>> from optcore.t5x import Adafactor
-      >>> opt_def = Adafactor(1e-2)
-      >>> opt_def.set_param_axes({'scan': P('layers', 'embed', 'mlp')})
-      >>> opt_def.create({'scan': jnp.ones((2, 4, 3))}).state.param_states['scan'].v_row.shape
-      (2, 4)
-    """
-    rules = []
-    for path, rule in self.factor_rules(param_logical_axes).items():
-      if len(rule) <= 2 and FactorDim.BATCH not in rule:
-        rule = HEURISTIC_RULE
-      rules.append((f"^{re.escape(path)}$", rule))
-    self.replace_factor_map(HParamMap(rules))
-
-  def factor_rules(self, param_logical_axes: PyTree) -> dict[str, tuple[FactorDim, ...]]:
-    """T5X's factor rule of each parameter from its logical axis names, by
-    T5X's '/'-joined path (None axes, another group's leaves, are skipped).
-
-    A name maps to its role through ``logical_factor_rules`` (default:
-    `standard_logical_factor_rules`); an unknown or None name raises
-    KeyError; ROW, COLUMN and NONE in one parameter raise ValueError; a
-    parameter without both ROW and COLUMN is not factored (its ROW and COLUMN
-    become NONE, BATCH is kept), as in T5X.
-
-    Example:
-      >>> from jax.sharding import PartitionSpec as P
-      >>> from optcore.t5x import Adafactor
-      >>> rules = Adafactor().factor_rules({'bias': P('embed'), 'kernel': P('vocab', 'embed')})
-      >>> rules['bias'], rules['kernel']
-      ((<FactorDim.NONE: None>,), (<FactorDim.COLUMN: 3>, <FactorDim.ROW: 2>))
-    """
-    table = standard_logical_factor_rules(self.hyper_params.logical_factor_rules)
-    is_spec = lambda x: x is None or isinstance(x, (PartitionSpec, tuple))
-    rules = {}
-    for keys, axes in jax.tree_util.tree_flatten_with_path(param_logical_axes, is_leaf=is_spec)[0]:
-      path = t5x_path(keys)
-      if axes is None:  # not this definition's parameter (a MultiOptimizer's other group)
-        continue
-      names = tuple(axes)
-      unknown = [n for n in names if n not in table]
-      if unknown:
-        raise KeyError(
-          f"Adafactor.set_param_axes: no factor rule for the logical axes {unknown} of {path!r}; "
-          "add them to logical_factor_rules, e.g. {'my_axis': FactorDim.COLUMN}."
-        )
-      rule = tuple(table[n] for n in names)
-      if {FactorDim.ROW, FactorDim.COLUMN, FactorDim.NONE} <= set(rule):
-        raise ValueError(
-          f"Adafactor.set_param_axes: {path!r} has axes {names} with roles "
-          f"{[r.name for r in rule]}: ROW, COLUMN and NONE cannot be combined in one parameter."
-        )
-      if not {FactorDim.ROW, FactorDim.COLUMN} <= set(rule):
-        factored = (FactorDim.ROW, FactorDim.COLUMN)
-        rule = tuple(FactorDim.NONE if r in factored else r for r in rule)
-      rules[path] = rule
-    return rules
-
-  def replace_factor_map(self, factor_map: Any) -> None:
-    """Sets ``factor_map`` in place (`set_param_axes`); once this definition has
-    made a state, whose layout the map decides, only the same map is accepted
-    (T5X's train-state initializer sets the axes on each of its traces)."""
-    if static_key(factor_map) == static_key(self.hyper_params.get("factor_map")):
-      return
-    if self.__dict__.get("_made_state"):
-      raise RuntimeError(
-        "Adafactor.set_param_axes: this definition has already made an optimizer state, and "
-        "changing its factor rules now would change the definition that optimizer holds (its "
-        "next step would not fit its state). Call set_param_axes before create, or on a new "
-        "definition: Adafactor(...) with the same arguments, or copy.copy(opt_def)."
-      )
-    self.hyper_params = self.hyper_params.replace(factor_map=factor_map)
-    self.__dict__.pop("_key_cache", None)  # the definition changed
 
   # State.
 
@@ -464,78 +212,13 @@ class Adafactor(OptimizerDef):
       scale = threshold * jnp.minimum(1.0 / threshold, 1.0 / norm)
       grads_flat = [g * scale for g in grads_flat]
     out = [
-      self._apply_param(state.step, hyper_params, t5x_path(keys), p, s, g)
+      _param_update(self, state.step, hyper_params, t5x_path(keys), p, s, g)
       for (keys, p), s, g in zip(keyed, states_flat, grads_flat, strict=True)
     ]
     return (
       treedef.unflatten([p for p, _ in out]),
       OptimizerState(state.step + 1, treedef.unflatten([s for _, s in out])),
     )
-
-  def _apply_param(self, step, hp, path, param, state, grad):
-    roles = self._roles(path, tuple(param.shape))
-    # Clamped: below step_offset the base would be negative (NaN in the originals).
-    t = jnp.maximum(jnp.asarray(step - hp.step_offset, jnp.float32), 0.0) + 1.0
-    decay = 1.0 - t ** (-hp.decay_rate)
-    mixing = 1.0 - decay
-    # flax.optim read the flag from its constructor; T5X from the step's hyper-parameters.
-    scale_by_param = (hp if self._t5x_numerics else self.hyper_params).multiply_by_parameter_scale
-    if isinstance(scale_by_param, HParamMap):
-      scale_by_param = scale_by_param[path]
-    update_scale = hp.learning_rate
-    if scale_by_param:
-      rms = jnp.sqrt(jnp.mean(param * param, axis=roles.non_batch, keepdims=True))
-      param_scale = jnp.maximum(rms, hp.epsilon2)
-      if hp.get("max_parameter_scale") is not None:
-        param_scale = jnp.minimum(param_scale, hp.max_parameter_scale)
-      update_scale = update_scale * param_scale
-
-    unused = jnp.zeros(_UNUSED, jnp.float32)
-    grad_sqr = grad * grad + hp.epsilon1
-    if roles.factored:
-      v_row = decay * state.v_row + mixing * jnp.mean(grad_sqr, axis=roles.cols)
-      v_col = decay * state.v_col + mixing * jnp.mean(grad_sqr, axis=roles.rows)
-      v_row_full = jnp.expand_dims(v_row, roles.cols)
-      v_col_full = jnp.expand_dims(v_col, roles.rows)
-      row_col_mean = jnp.mean(v_row_full, axis=roles.rows, keepdims=True)
-      row_factor = (v_row_full / row_col_mean) ** -0.5
-      col_factor = v_col_full**-0.5
-      y = grad * row_factor * col_factor
-      new_v = unused
-    else:
-      new_v = decay * state.v + mixing * grad_sqr
-      v_row, v_col = unused, unused
-      y = grad * new_v**-0.5
-
-    if hp.clipping_threshold is not None:
-      rms_y = jnp.sqrt(jnp.mean(y * y, axis=roles.non_batch, keepdims=True))
-      y = y / jnp.maximum(1.0, rms_y / hp.clipping_threshold)
-
-    subtrahend = update_scale * y
-    new_m = unused
-    if self.hyper_params.beta1 is not None:
-      m = state.m.astype(jnp.float32) if self._t5x_numerics else state.m
-      subtrahend = hp.beta1 * m + (1.0 - hp.beta1) * subtrahend
-      new_m = subtrahend.astype(self.dtype_momentum)
-
-    weight_decay = hp.weight_decay_rate
-    if hp.get("weight_decay_rate_lr_exponent"):  # T5X: a falsy exponent means none
-      weight_decay = _or_one(weight_decay) * hp.learning_rate**hp.weight_decay_rate_lr_exponent
-    if weight_decay is not None:
-      new_param = (1.0 - weight_decay) * param - subtrahend
-    else:
-      new_param = param - subtrahend
-    new_state = AdafactorParamState(v_row, v_col, new_v, new_m)
-    # Which new values to discard: every non-finite one, or (T5X's flag) NaN only.
-    skipped = (lambda x: ~jnp.isfinite(x)) if self.skip_nonfinite_updates else None
-    if skipped is None and hp.get("skip_nan_updates"):
-      skipped = jnp.isnan
-    if skipped is not None:
-      keep = lambda new, old: jnp.where(skipped(new), old, new)
-      new_param = keep(new_param, param)
-      new_state = jax.tree.map(keep, new_state, state)
-    # float64 params are float32 unless x64 is on: say so without JAX's truncation warning.
-    return new_param.astype(jax.dtypes.canonicalize_dtype(param.dtype)), new_state
 
   # Partitioning: the accumulators keep the axes their reduction spares.
 
@@ -559,6 +242,75 @@ class Adafactor(OptimizerDef):
     return (*super()._static_key(), self.dtype_momentum, self.skip_nonfinite_updates)
 
 
+def _param_update(opt_def: Adafactor, step, hp, path, param, state, grad):
+  """One parameter's Adafactor step, with ``opt_def``'s numerics (T5X's or flax.optim's)."""
+  roles = opt_def._roles(path, tuple(param.shape))
+  # Clamped: below step_offset the base would be negative (NaN in the originals).
+  t = jnp.maximum(jnp.asarray(step - hp.step_offset, jnp.float32), 0.0) + 1.0
+  decay = 1.0 - t ** (-hp.decay_rate)
+  mixing = 1.0 - decay
+  # flax.optim read the flag from its constructor; T5X from the step's hyper-parameters.
+  scale_by_param = (
+    hp if opt_def._t5x_numerics else opt_def.hyper_params
+  ).multiply_by_parameter_scale
+  if isinstance(scale_by_param, HParamMap):
+    scale_by_param = scale_by_param[path]
+  update_scale = hp.learning_rate
+  if scale_by_param:
+    rms = jnp.sqrt(jnp.mean(param * param, axis=roles.non_batch, keepdims=True))
+    param_scale = jnp.maximum(rms, hp.epsilon2)
+    if hp.get("max_parameter_scale") is not None:
+      param_scale = jnp.minimum(param_scale, hp.max_parameter_scale)
+    update_scale = update_scale * param_scale
+
+  unused = jnp.zeros(_UNUSED, jnp.float32)
+  grad_sqr = grad * grad + hp.epsilon1
+  if roles.factored:
+    v_row = decay * state.v_row + mixing * jnp.mean(grad_sqr, axis=roles.cols)
+    v_col = decay * state.v_col + mixing * jnp.mean(grad_sqr, axis=roles.rows)
+    v_row_full = jnp.expand_dims(v_row, roles.cols)
+    v_col_full = jnp.expand_dims(v_col, roles.rows)
+    row_col_mean = jnp.mean(v_row_full, axis=roles.rows, keepdims=True)
+    row_factor = (v_row_full / row_col_mean) ** -0.5
+    col_factor = v_col_full**-0.5
+    y = grad * row_factor * col_factor
+    new_v = unused
+  else:
+    new_v = decay * state.v + mixing * grad_sqr
+    v_row, v_col = unused, unused
+    y = grad * new_v**-0.5
+
+  if hp.clipping_threshold is not None:
+    rms_y = jnp.sqrt(jnp.mean(y * y, axis=roles.non_batch, keepdims=True))
+    y = y / jnp.maximum(1.0, rms_y / hp.clipping_threshold)
+
+  subtrahend = update_scale * y
+  new_m = unused
+  if opt_def.hyper_params.beta1 is not None:
+    m = state.m.astype(jnp.float32) if opt_def._t5x_numerics else state.m
+    subtrahend = hp.beta1 * m + (1.0 - hp.beta1) * subtrahend
+    new_m = subtrahend.astype(opt_def.dtype_momentum)
+
+  weight_decay = hp.weight_decay_rate
+  if hp.get("weight_decay_rate_lr_exponent"):  # T5X: a falsy exponent means none
+    weight_decay = _or_one(weight_decay) * hp.learning_rate**hp.weight_decay_rate_lr_exponent
+  if weight_decay is not None:
+    new_param = (1.0 - weight_decay) * param - subtrahend
+  else:
+    new_param = param - subtrahend
+  new_state = AdafactorParamState(v_row, v_col, new_v, new_m)
+  # Which new values to discard: every non-finite one, or (T5X's flag) NaN only.
+  skipped = (lambda x: ~jnp.isfinite(x)) if opt_def.skip_nonfinite_updates else None
+  if skipped is None and hp.get("skip_nan_updates"):
+    skipped = jnp.isnan
+  if skipped is not None:
+    keep = lambda new, old: jnp.where(skipped(new), old, new)
+    new_param = keep(new_param, param)
+    new_state = jax.tree.map(keep, new_state, state)
+  # float64 params are float32 unless x64 is on: say so without JAX's truncation warning.
+  return new_param.astype(jax.dtypes.canonicalize_dtype(param.dtype)), new_state
+
+
 def _or_one(rate: Any) -> Any:
   """T5X's ``weight_decay_rate or 1.0``: None and 0 both mean 1 (traced values too)."""
   if rate is None:
@@ -566,28 +318,6 @@ def _or_one(rate: Any) -> Any:
   if isinstance(rate, (int, float)):
     return rate or 1.0
   return jnp.where(rate == 0, 1.0, rate)
-
-
-_LOGGED_RULES: set[tuple[str, tuple, tuple]] = set()
-
-
-def _log_ignored_rule(path: str, shape: tuple[int, ...], rule: tuple) -> None:
-  """T5X logs (it does not warn) that a rank <= 2 rule falls back to the heuristic."""
-  key = (path, shape, rule)
-  if key not in _LOGGED_RULES:
-    _LOGGED_RULES.add(key)
-    logging.getLogger("optcore.adafactor").warning(
-      "Since rank of parameter %s %d is less than or equal to 2, the factorization method "
-      "falls back to heuristics and the provided factor rule %s is ignored.",
-      path,
-      len(shape),
-      rule,
-    )
-
-
-def t5x_path(keys: Sequence[Any]) -> str:
-  """T5X's parameter path: the '/'-joined names, without a leading slash."""
-  return paths.path_str(keys)[1:]
 
 
 class LegacyAdafactor(Adafactor):

@@ -15,18 +15,18 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import optax
-from jax.sharding import PartitionSpec
 
 from optcore._src import export, overrides, paths, serialization, state_axes
 from optcore._src.checks import check_float_params, check_learning_rate
-from optcore._src.hyper_params import HyperParams, at_step
+from optcore._src.hyper_params import HyperParams, StaticConfig, at_step
 from optcore._src.optimizer import Optimizer, OptimizerState, replicated
 
 PyTree = Any
 
 
-class OptimizerDef:
+class OptimizerDef(
+  StaticConfig, state_axes.ShardingMethods, serialization.StateDictMethods, export.ExportMethods
+):
   """The definition of an optimizer: its algorithm and hyper-parameters.
 
   Subclass it for a per-parameter algorithm (flax.optim style) by giving
@@ -216,208 +216,6 @@ class OptimizerDef:
   def unreplicated(self) -> OptimizerDef | None:
     """The definition `replicated` wrapped; None for one it did not make."""
     return None
-
-  def as_optax(self) -> optax.GradientTransformationExtraArgs:
-    """This definition as an optax transformation, for `flax.training.train_state.TrainState`,
-    `flax.nnx.Optimizer` or a plain optax loop.
-
-    Its state is the `OptimizerState`; its updates are ``new_params - params``,
-    so ``optax.apply_updates`` lands on the new parameters up to float rounding
-    (definitions that wrap optax export their own transformation and are exact).
-    Extra update arguments are ignored, as optax transformations that need
-    none ignore them.
-
-    Example:
-      >>> import jax.numpy as jnp, optax
-      >>> import optcore
-      >>> class Halve(optcore.OptimizerDef):
-      ...   def __init__(self):
-      ...     super().__init__(optcore.HyperParams())
-      ...   def init_param_state(self, param):
-      ...     return ()
-      ...   def apply_param_gradient(self, step, hyper_params, param, state, grad):
-      ...     return param / 2, state
-      >>> tx = Halve().as_optax()
-      >>> params = {'w': jnp.array([4.0])}
-      >>> updates, state = tx.update(params, tx.init(params), params)
-      >>> optax.apply_updates(params, updates)['w'], int(state.step)
-      (Array([2.], dtype=float32), 1)
-    """
-
-    return export.as_optax(self)
-
-  def derive_logical_axes(self, optimizer: Optimizer, param_logical_axes: PyTree) -> Optimizer:
-    """The logical axes of ``optimizer``: an Optimizer of the same structure
-    whose leaves are `PartitionSpec` objects (None where the state has None).
-
-    The target gets ``param_logical_axes`` (one spec, tuple of names or None
-    per parameter; padded to full rank); every state leaf gets the axes
-    derived by the partition rules (see `derive_optax_logical_axes`); the
-    step is replicated. ``optimizer`` may be abstract (``jax.eval_shape`` of
-    `create`). The result round-trips through `state_dict`/`restore_state`.
-
-    Example:
-      >>> import jax, jax.numpy as jnp
-      >>> from jax.sharding import PartitionSpec as P
-      >>> import optcore
-      >>> params = {'w': jnp.zeros((4, 2))}
-      >>> opt_def = optcore.adam(1e-3)
-      >>> axes = opt_def.derive_logical_axes(opt_def.create(params), {'w': P('embed', 'mlp')})
-      >>> axes.state.param_states[0].mu == {'w': P('embed', 'mlp')}, axes.state.step == P()
-      (True, True)
-    """
-    return state_axes.optimizer_logical_axes(self, optimizer, param_logical_axes)
-
-  def derive_shardings(
-    self,
-    optimizer: Optimizer,
-    param_logical_axes: PyTree | None = None,
-    mesh: jax.sharding.Mesh | None = None,
-    logical_axis_rules: Sequence[tuple[str, Any]] | None = None,
-    *,
-    state_axis: str | None = None,
-  ) -> Optimizer:
-    """An Optimizer-shaped tree of `NamedSharding` objects on ``mesh``: the logical
-    axes of `derive_logical_axes`, mapped by Flax-style ``logical_axis_rules``
-    (None: the axes already name mesh axes). Use it as a jitted step's in and
-    out shardings. ``param_logical_axes`` None: the parameters are replicated.
-
-    ``state_axis`` (ZeRO-1): every state leaf is also split over that mesh
-    axis, on its largest dimension the axis divides and no other axis splits,
-    while the parameters keep their own sharding; data-parallel training then
-    holds 1/N of the state per device, for one all-gather of the updated
-    parameters per step. Leaves it cannot split stay replicated and are logged.
-
-    Example:
-      >>> import jax, jax.numpy as jnp, numpy as np
-      >>> from jax.sharding import Mesh, PartitionSpec as P
-      >>> import optcore
-      >>> mesh = Mesh(np.array(jax.devices()[:1]), ('model',))
-      >>> opt_def = optcore.adam(1e-3)
-      >>> opt = opt_def.create({'w': jnp.zeros((4, 2))})
-      >>> rules = [('mlp', 'model')]
-      >>> shardings = opt_def.derive_shardings(opt, {'w': P('embed', 'mlp')}, mesh, rules)
-      >>> shardings.state.param_states[0].mu['w'].spec == P(None, 'model')
-      True
-    """
-    return state_axes.optimizer_shardings(
-      self,
-      optimizer,
-      param_logical_axes,
-      state_axes.required_mesh(mesh),
-      logical_axis_rules,
-      state_axis=state_axis,
-    )
-
-  def create_sharded(
-    self,
-    target: PyTree,
-    param_logical_axes: PyTree | None = None,
-    mesh: jax.sharding.Mesh | None = None,
-    logical_axis_rules: Sequence[tuple[str, Any]] | None = None,
-    *,
-    state_axis: str | None = None,
-  ) -> Optimizer:
-    """Like `create`, with the target and every state leaf created sharded on
-    ``mesh`` (``jit`` with ``out_shardings``): no device ever holds the
-    whole state. Raises `PartitionRuleError` naming the leaf whose dimension
-    the mesh does not divide.
-
-    Example:
-      >>> import jax, jax.numpy as jnp, numpy as np
-      >>> from jax.sharding import Mesh, PartitionSpec as P
-      >>> import optcore
-      >>> mesh = Mesh(np.array(jax.devices()[:1]), ('model',))
-      >>> opt = optcore.adam(1e-3).create_sharded(
-      ...     {'w': jnp.zeros((4, 2))}, {'w': P('embed', 'mlp')}, mesh, [('mlp', 'model')])
-      >>> opt.state.param_states[0].nu['w'].sharding.spec == P(None, 'model')
-      True
-
-    ZeRO-1, data-parallel: replicated parameters, the state split over ``'data'``:
-
-      >>> mesh = Mesh(np.array(jax.devices()[:1]), ('data',))
-      >>> opt = optcore.adam(1e-3).create_sharded(
-      ...     {'w': jnp.zeros((4, 2))}, mesh=mesh, state_axis='data')
-      >>> opt.state.param_states[0].mu['w'].sharding.spec == P('data', None)
-      True
-      >>> opt.target['w'].sharding.spec == P(None, None)
-      True
-    """
-    return state_axes.create_sharded(
-      self,
-      target,
-      param_logical_axes,
-      state_axes.required_mesh(mesh),
-      logical_axis_rules,
-      state_axis=state_axis,
-    )
-
-  def derive_param_states_axes(
-    self, param_states: PyTree, params: PyTree, params_axes: PyTree
-  ) -> PyTree:
-    """The axes of ``param_states``, given one full-rank spec per parameter.
-
-    For a per-parameter definition each parameter's state is passed to
-    `derive_param_state_axes`; wrapped optax and MultiOptimizer override this.
-    """
-    return state_axes.per_parameter_states_axes(self, param_states, params, params_axes)
-
-  def derive_param_state_axes(self, param: Any, param_axes: PartitionSpec, state: PyTree) -> PyTree:
-    """The axes of one parameter's state: a leaf of the parameter's shape gets
-    ``param_axes``, a scalar is replicated. Override it for any other leaf
-    (a factored accumulator); by default such a leaf raises."""
-    return state_axes.parameter_or_scalar_axes(self, param, param_axes, state)
-
-  def state_dict(self, target: PyTree, state: OptimizerState) -> dict[str, Any]:
-    """``{'target': ..., 'state': {'step': ..., 'param_states': ...}}``, Flax's layout."""
-    return serialization.optimizer_state_dict(target, state)
-
-  def restore_state(
-    self, target: PyTree, state: OptimizerState, state_dict: Mapping[str, Any]
-  ) -> tuple[PyTree, OptimizerState]:
-    """Reads a `state_dict` into the structure of ``target`` and ``state``.
-
-    Raises `StateDictError`, naming the path, for a missing or extra key, a
-    shape or a dtype that differ; nothing is changed then. With
-    `legacy_state_dicts` (flax.optim's interface), keys beside ``'target'``
-    and ``'state'`` are ignored and 64-bit NumPy values restore into their
-    32-bit state leaves, as in flax.optim and T5X.
-
-    Example:
-      >>> import numpy as np, jax.numpy as jnp
-      >>> from optcore import legacy
-      >>> opt = legacy.Momentum(0.1).create({'w': jnp.zeros(2)})
-      >>> state_dict = opt.state_dict()
-      >>> state_dict['state']['step'] = np.int64(7)  # as T5X's replace_step writes it
-      >>> state_dict['flax_mutables'] = {}  # as T5X's train state passes it
-      >>> opt.restore_state(state_dict).state.step
-      array(7, dtype=int32)
-    """
-    return serialization.restore_optimizer_state(
-      target, state, state_dict, legacy=self.legacy_state_dicts
-    )
-
-  # Definitions are static data of jitted pytrees: equal configs, equal defs.
-
-  def _static_key(self) -> tuple:
-    return (type(self), self.hyper_params)
-
-  def _cached_key(self) -> tuple:
-    # jit hashes and compares the definition on every call: compute the key once.
-    key = self.__dict__.get("_key_cache")
-    if key is None:
-      key = self.__dict__["_key_cache"] = (self._static_key(), hash(self._static_key()))
-    return key
-
-  def __eq__(self, other: object) -> bool:
-    if self is other:
-      return True
-    if not isinstance(other, OptimizerDef):
-      return NotImplemented
-    return self._cached_key() == other._cached_key()
-
-  def __hash__(self) -> int:
-    return self._cached_key()[1]
 
   def __repr__(self) -> str:
     inner = ", ".join(f"{k}={v!r}" for k, v in self.hyper_params.items())

@@ -18,8 +18,8 @@ import optax
 from optcore import contrib, legacy
 from optcore._src import optax_aliases
 from optcore._src.adafactor import Adafactor as _T5XAdafactor
-from optcore._src.adafactor import FactorDim
 from optcore._src.base import OptimizerDef
+from optcore._src.factoring import FactorDim
 from optcore._src.hyper_params import static_key
 from optcore._src.multi_optimizer import MultiOptimizer
 from optcore._src.optax_wrapper import OptaxWrapper, chain

@@ -30,3 +30,36 @@ def as_optax(optimizer_def: Any) -> optax.GradientTransformationExtraArgs:
     return optimizer_def.compute_updates(optimizer_def.hyper_params, params, state, updates)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+class ExportMethods:
+  """`OptimizerDef`'s export to optax."""
+
+  def as_optax(self) -> optax.GradientTransformationExtraArgs:
+    """This definition as an optax transformation, for `flax.training.train_state.TrainState`,
+    `flax.nnx.Optimizer` or a plain optax loop.
+
+    Its state is the `OptimizerState`; its updates are ``new_params - params``,
+    so ``optax.apply_updates`` lands on the new parameters up to float rounding
+    (definitions that wrap optax export their own transformation and are exact).
+    Extra update arguments are ignored, as optax transformations that need
+    none ignore them.
+
+    Example:
+      >>> import jax.numpy as jnp, optax
+      >>> import optcore
+      >>> class Halve(optcore.OptimizerDef):
+      ...   def __init__(self):
+      ...     super().__init__(optcore.HyperParams())
+      ...   def init_param_state(self, param):
+      ...     return ()
+      ...   def apply_param_gradient(self, step, hyper_params, param, state, grad):
+      ...     return param / 2, state
+      >>> tx = Halve().as_optax()
+      >>> params = {'w': jnp.array([4.0])}
+      >>> updates, state = tx.update(params, tx.init(params), params)
+      >>> optax.apply_updates(params, updates)['w'], int(state.step)
+      (Array([2.], dtype=float32), 1)
+    """
+
+    return as_optax(self)

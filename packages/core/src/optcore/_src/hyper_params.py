@@ -213,3 +213,31 @@ class _StaticItems:
 
 
 jax.tree_util.register_pytree_with_keys(HyperParams, _flatten, _unflatten)
+
+
+class StaticConfig:
+  """Equality and hash by configuration (`OptimizerDef`): a definition is static
+  data of jitted pytrees, so equal configs are equal definitions and the same
+  configuration never retraces. ``_static_key`` says what the configuration is."""
+
+  hyper_params: HyperParams
+
+  def _static_key(self) -> tuple:
+    return (type(self), self.hyper_params)
+
+  def _cached_key(self) -> tuple:
+    # jit hashes and compares the definition on every call: compute the key once.
+    key = self.__dict__.get("_key_cache")
+    if key is None:
+      key = self.__dict__["_key_cache"] = (self._static_key(), hash(self._static_key()))
+    return key
+
+  def __eq__(self, other: object) -> bool:
+    if self is other:
+      return True
+    if not isinstance(other, StaticConfig):
+      return NotImplemented
+    return self._cached_key() == other._cached_key()
+
+  def __hash__(self) -> int:
+    return self._cached_key()[1]

@@ -10,7 +10,7 @@ key, shape and dtype before it builds anything.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
@@ -18,6 +18,11 @@ from jax.sharding import PartitionSpec
 
 from optcore._src import paths
 from optcore._src.checks import dtype_name
+
+if TYPE_CHECKING:
+  from optcore._src.optimizer import OptimizerState
+
+PyTree = Any
 
 
 class StateDictError(ValueError):
@@ -360,3 +365,37 @@ def describe(x: Any) -> str:
   if split is not None:
     return f"a {type(x).__name__} with keys {[paths.key_name(k) for k, _ in split[0]]}"
   return f"a {type(x).__name__}"
+
+
+class StateDictMethods:
+  """`OptimizerDef`'s state-dict methods: Flax's layout out, checked restores in."""
+
+  #: Set on `OptimizerDef`; read by `restore_state`.
+  legacy_state_dicts: bool
+
+  def state_dict(self, target: PyTree, state: OptimizerState) -> dict[str, Any]:
+    """``{'target': ..., 'state': {'step': ..., 'param_states': ...}}``, Flax's layout."""
+    return optimizer_state_dict(target, state)
+
+  def restore_state(
+    self, target: PyTree, state: OptimizerState, state_dict: Mapping[str, Any]
+  ) -> tuple[PyTree, OptimizerState]:
+    """Reads a `state_dict` into the structure of ``target`` and ``state``.
+
+    Raises `StateDictError`, naming the path, for a missing or extra key, a
+    shape or a dtype that differ; nothing is changed then. With
+    `legacy_state_dicts` (flax.optim's interface), keys beside ``'target'``
+    and ``'state'`` are ignored and 64-bit NumPy values restore into their
+    32-bit state leaves, as in flax.optim and T5X.
+
+    Example:
+      >>> import numpy as np, jax.numpy as jnp
+      >>> from optcore import legacy
+      >>> opt = legacy.Momentum(0.1).create({'w': jnp.zeros(2)})
+      >>> state_dict = opt.state_dict()
+      >>> state_dict['state']['step'] = np.int64(7)  # as T5X's replace_step writes it
+      >>> state_dict['flax_mutables'] = {}  # as T5X's train state passes it
+      >>> opt.restore_state(state_dict).state.step
+      array(7, dtype=int32)
+    """
+    return restore_optimizer_state(target, state, state_dict, legacy=self.legacy_state_dicts)

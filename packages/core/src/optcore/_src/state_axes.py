@@ -249,3 +249,130 @@ def parameter_or_scalar_axes(
     )
 
   return jax.tree.map(leaf_axes, state)
+
+
+class ShardingMethods:
+  """`OptimizerDef`'s sharding methods: the state's logical axes and shardings
+  from the parameters' axes (the functions above, as methods)."""
+
+  def derive_logical_axes(self, optimizer: Optimizer, param_logical_axes: PyTree) -> Optimizer:
+    """The logical axes of ``optimizer``: an Optimizer of the same structure
+    whose leaves are `PartitionSpec` objects (None where the state has None).
+
+    The target gets ``param_logical_axes`` (one spec, tuple of names or None
+    per parameter; padded to full rank); every state leaf gets the axes
+    derived by the partition rules (see `derive_optax_logical_axes`); the
+    step is replicated. ``optimizer`` may be abstract (``jax.eval_shape`` of
+    `create`). The result round-trips through `state_dict`/`restore_state`.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from jax.sharding import PartitionSpec as P
+      >>> import optcore
+      >>> params = {'w': jnp.zeros((4, 2))}
+      >>> opt_def = optcore.adam(1e-3)
+      >>> axes = opt_def.derive_logical_axes(opt_def.create(params), {'w': P('embed', 'mlp')})
+      >>> axes.state.param_states[0].mu == {'w': P('embed', 'mlp')}, axes.state.step == P()
+      (True, True)
+    """
+    return optimizer_logical_axes(self, optimizer, param_logical_axes)
+
+  def derive_shardings(
+    self,
+    optimizer: Optimizer,
+    param_logical_axes: PyTree | None = None,
+    mesh: Mesh | None = None,
+    logical_axis_rules: Sequence[tuple[str, Any]] | None = None,
+    *,
+    state_axis: str | None = None,
+  ) -> Optimizer:
+    """An Optimizer-shaped tree of `NamedSharding` objects on ``mesh``: the logical
+    axes of `derive_logical_axes`, mapped by Flax-style ``logical_axis_rules``
+    (None: the axes already name mesh axes). Use it as a jitted step's in and
+    out shardings. ``param_logical_axes`` None: the parameters are replicated.
+
+    ``state_axis`` (ZeRO-1): every state leaf is also split over that mesh
+    axis, on its largest dimension the axis divides and no other axis splits,
+    while the parameters keep their own sharding; data-parallel training then
+    holds 1/N of the state per device, for one all-gather of the updated
+    parameters per step. Leaves it cannot split stay replicated and are logged.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, numpy as np
+      >>> from jax.sharding import Mesh, PartitionSpec as P
+      >>> import optcore
+      >>> mesh = Mesh(np.array(jax.devices()[:1]), ('model',))
+      >>> opt_def = optcore.adam(1e-3)
+      >>> opt = opt_def.create({'w': jnp.zeros((4, 2))})
+      >>> rules = [('mlp', 'model')]
+      >>> shardings = opt_def.derive_shardings(opt, {'w': P('embed', 'mlp')}, mesh, rules)
+      >>> shardings.state.param_states[0].mu['w'].spec == P(None, 'model')
+      True
+    """
+    return optimizer_shardings(
+      self,
+      optimizer,
+      param_logical_axes,
+      required_mesh(mesh),
+      logical_axis_rules,
+      state_axis=state_axis,
+    )
+
+  def create_sharded(
+    self,
+    target: PyTree,
+    param_logical_axes: PyTree | None = None,
+    mesh: Mesh | None = None,
+    logical_axis_rules: Sequence[tuple[str, Any]] | None = None,
+    *,
+    state_axis: str | None = None,
+  ) -> Optimizer:
+    """Like `create`, with the target and every state leaf created sharded on
+    ``mesh`` (``jit`` with ``out_shardings``): no device ever holds the
+    whole state. Raises `PartitionRuleError` naming the leaf whose dimension
+    the mesh does not divide.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, numpy as np
+      >>> from jax.sharding import Mesh, PartitionSpec as P
+      >>> import optcore
+      >>> mesh = Mesh(np.array(jax.devices()[:1]), ('model',))
+      >>> opt = optcore.adam(1e-3).create_sharded(
+      ...     {'w': jnp.zeros((4, 2))}, {'w': P('embed', 'mlp')}, mesh, [('mlp', 'model')])
+      >>> opt.state.param_states[0].nu['w'].sharding.spec == P(None, 'model')
+      True
+
+    ZeRO-1, data-parallel: replicated parameters, the state split over ``'data'``:
+
+      >>> mesh = Mesh(np.array(jax.devices()[:1]), ('data',))
+      >>> opt = optcore.adam(1e-3).create_sharded(
+      ...     {'w': jnp.zeros((4, 2))}, mesh=mesh, state_axis='data')
+      >>> opt.state.param_states[0].mu['w'].sharding.spec == P('data', None)
+      True
+      >>> opt.target['w'].sharding.spec == P(None, None)
+      True
+    """
+    return create_sharded(
+      self,
+      target,
+      param_logical_axes,
+      required_mesh(mesh),
+      logical_axis_rules,
+      state_axis=state_axis,
+    )
+
+  def derive_param_states_axes(
+    self, param_states: PyTree, params: PyTree, params_axes: PyTree
+  ) -> PyTree:
+    """The axes of ``param_states``, given one full-rank spec per parameter.
+
+    For a per-parameter definition each parameter's state is passed to
+    `derive_param_state_axes`; wrapped optax and MultiOptimizer override this.
+    """
+    return per_parameter_states_axes(self, param_states, params, params_axes)
+
+  def derive_param_state_axes(self, param: Any, param_axes: PartitionSpec, state: PyTree) -> PyTree:
+    """The axes of one parameter's state: a leaf of the parameter's shape gets
+    ``param_axes``, a scalar is replicated. Override it for any other leaf
+    (a factored accumulator); by default such a leaf raises."""
+    return parameter_or_scalar_axes(self, param, param_axes, state)
