@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import warnings
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +26,20 @@ def params():
 
 def grads(scale=1.0):
   return {"kernel": jnp.full((2, 3), 0.5 * scale), "bias": jnp.array([1.0, -1.0, 0.5]) * scale}
+
+
+def test_every_adapter_package_is_a_face_of_the_registry():
+  # The development page's checklist for a new face, enforced: its package is in FACES.
+  packages = Path(__file__).resolve().parents[2] / "packages"
+  modules = {
+    module.name
+    for source in packages.glob("*/src")
+    for module in source.iterdir()
+    if (module / "__init__.py").exists()
+  }
+  assert {"optcore", "optcore_flax", "optcore_equinox", "optcore_treex"} <= modules  # all seen
+  missing = modules - {face.module for face in FACES}
+  assert not missing, f"add a Face for {sorted(missing)} to tests/support/faces.py"
 
 
 # Checkpoints.

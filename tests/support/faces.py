@@ -268,6 +268,60 @@ TREEX = Face(
 )
 
 
+# optcore.adapter's functions over a plain dict: what a new framework face calls (and how
+# the development page's "new face" recipe was tried: this entry alone added it everywhere).
+
+
+def _adapter_create(opt_def, params):
+  opt_def = optcore.adapter.as_definition(opt_def, "the adapter API")
+  return opt_def, params, opt_def.init_state(params)
+
+
+def _adapter_step(handle, grads, overrides):
+  opt_def, params, state = handle
+  return (opt_def, *optcore.adapter.step(opt_def, params, state, grads, **overrides))
+
+
+def _adapter_updates(handle, grads, overrides):
+  opt_def, params, state = handle
+  updates, _ = optcore.adapter.step(opt_def, params, state, grads, apply_updates=False, **overrides)
+  return updates
+
+
+def _adapter_restore(handle, state_dict):
+  opt_def, params, state = handle
+  return opt_def, params, optcore.adapter.restore_state(opt_def, state, state_dict)
+
+
+def _adapter_fingerprint(opt_def, params, fill):
+  opt_def = optcore.adapter.as_definition(opt_def, "the adapter API")
+  return optcore.adapter.state_dict(opt_def, fill(opt_def.init_state(params)))
+
+
+def _adapter_jit(fn):
+  # The definition is no pytree (in a plain tuple it would be a leaf): jit closes over it.
+  def call(handle, *args):
+    opt_def, params, state = handle
+    jitted = jax.jit(lambda p, s, *a: fn((opt_def, p, s), *a)[1:])
+    return (opt_def, *jitted(params, state, *args))
+
+  return call
+
+
+ADAPTER = Face(
+  name="adapter",
+  module="optcore",
+  create=_adapter_create,
+  step=_adapter_step,
+  params=lambda handle: handle[1],
+  state_dict=lambda handle: optcore.adapter.state_dict(handle[0], handle[2]),
+  restore=_adapter_restore,
+  fingerprint=_adapter_fingerprint,
+  jit=_adapter_jit,
+  updates=_adapter_updates,
+)
+
+
 #: Every face; the cross-face tests loop over this list.
-FACES: list[Face] = [CORE, FLAX, EQUINOX, TREEX]
+FACES: list[Face] = [CORE, FLAX, EQUINOX, TREEX, ADAPTER]
 FACES_BY_NAME: dict[str, Face] = {face.name: face for face in FACES}

@@ -109,12 +109,14 @@ def _encode(node: Any, digest: Any) -> None:
     digest.update(np.ascontiguousarray(array).tobytes())
 
 
-def face_fingerprints(face: faces.Face) -> dict[str, str]:
-  """The fingerprint of what ``face`` writes for each of `definitions`, its state filled."""
-  return {
-    name: fingerprint(face.fingerprint(build(), params(), fill))
-    for name, build in definitions().items()
-  }
+def face_fingerprints(face: faces.Face, entry: str | None = None) -> dict[str, str]:
+  """The fingerprint of what ``face`` writes for each of `definitions`, its state
+  filled; of its ``entry`` (``'state'``) alone when given."""
+  out = {}
+  for name, build in definitions().items():
+    written = face.fingerprint(build(), params(), fill)
+    out[name] = fingerprint(written if entry is None else written[entry])
+  return out
 
 
 def all_fingerprints() -> dict[str, dict[str, str]]:
