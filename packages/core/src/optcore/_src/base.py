@@ -171,7 +171,10 @@ class OptimizerDef(
       (Array([-0.5, -0.5], dtype=float32), 1)
     """
     if params is None:
-      raise ValueError(f"{self!r} computes new parameters from the old ones: pass params")
+      raise ValueError(
+        f"params must be provided: {self!r} computes new parameters from the old ones (its "
+        "updates are new - old)"
+      )
     new_params, new_state = self.apply_gradient(hyper_params, params, state, grads, **extra_args)
     return jax.tree.map(lambda new, old: new - old, new_params, params), new_state
 
