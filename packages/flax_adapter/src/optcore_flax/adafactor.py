@@ -16,9 +16,9 @@ Example:
 import inspect as _inspect
 from typing import Any as _Any
 
-import optcore.t5x as _core_adafactor
-from optcore.legacy import AdafactorParamState as _AdafactorParamState
+import optcore.t5x as _core_t5x
 from optcore.t5x import HEURISTIC_RULE as HEURISTIC_RULE
+from optcore.t5x import AdafactorParamState as _AdafactorParamState
 from optcore.t5x import FactorDim as FactorDim
 from optcore.t5x import FactorRule as FactorRule
 from optcore.t5x import HeuristicRule as HeuristicRule
@@ -33,8 +33,8 @@ from optcore_flax.optim.adafactor import _AdafactorHyperParams as _flax_optim_re
 Dtype = _Any
 
 
-class Adafactor(_T5XFace, _core_adafactor.Adafactor):
-  __doc__ = _core_adafactor.Adafactor.__doc__
+class Adafactor(_T5XFace, _core_t5x.Adafactor):
+  __doc__ = _core_t5x.Adafactor.__doc__
 
   def set_param_axes(self, param_logical_axes: _Any) -> None:
     """T5X's ``set_param_axes``: ``hyper_params.factor_map`` becomes T5X's plain

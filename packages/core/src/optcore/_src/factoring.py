@@ -15,7 +15,7 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 from optcore._src import paths
-from optcore._src.hyper_params import static_key
+from optcore._src.hyper_params import HyperParams, static_key
 
 PyTree = Any
 
@@ -162,8 +162,9 @@ class FactorRules:
   """`Adafactor`'s factoring: each parameter's dimension roles from its rule,
   and T5X's ``set_param_axes`` from logical axis names."""
 
-  #: T5X's rules (a rank > 2 parameter needs one); flax.optim's: the heuristic.
-  _t5x_numerics = True
+  hyper_params: HyperParams
+  #: Set by `Adafactor`: T5X's (a rank > 2 parameter needs a rule) or flax.optim's numerics.
+  _t5x_numerics: bool
 
   def _roles(self, path: str, shape: tuple[int, ...]) -> _Roles:
     """The dimensions' roles, parsed as T5X's ``_parse_rule`` parses them.
