@@ -176,21 +176,21 @@ def amos(*args: _Any, **kwargs: _Any) -> OptaxWrapper:
 
 
 __all__ = [
+  "Dtype",
   "MultiOptimizer",
   "OptaxStatePartitionRules",
   "OptaxWrapper",
   "Optimizer",
   "OptimizerDef",
-  "OptimizerState",
-  "chain",
-  "wrap_optax_optimizer",
-  *_optcore.OPTAX_ALIASES,
-  "Dtype",
   "OptimizerDefType",
+  "OptimizerState",
   "OptimizerStateType",
   "OptimizerType",
   "amos",
+  "chain",
   "dpsgd",
   "freeze",
   "unfreeze",
+  "wrap_optax_optimizer",
+  *_optcore.OPTAX_ALIASES,
 ]
