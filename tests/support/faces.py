@@ -42,7 +42,7 @@ class Face:
   """How the cross-face tests drive one face."""
 
   name: str
-  #: The distribution the face needs (a test variant without it does not run the face).
+  #: The package the face is (test_every_adapter_package_is_a_face_of_the_registry reads it).
   module: str
   create: Callable[[Any, dict], PyTree]
   step: Callable[[PyTree, dict, dict], PyTree]
