@@ -155,6 +155,12 @@ def _field_names(container) -> tuple[str, ...]:
   return next(k[1] for k, cls in _CLASSES.items() if cls is type(container))
 
 
+def _restore_optimizer(handle, state_dict):
+  """A ``(params, optimizer)`` handle with the optimizer's ``restore_state`` applied."""
+  params, opt = handle
+  return params, opt.restore_state(state_dict)
+
+
 def _eqx_create(opt_def, params):
   import optcore_equinox
 
@@ -165,11 +171,6 @@ def _eqx_create(opt_def, params):
 def _eqx_step(handle, grads, overrides):
   model, opt = handle
   return opt.update(type(model)(**grads), model, **overrides)
-
-
-def _eqx_restore(handle, state_dict):
-  model, opt = handle
-  return model, opt.restore_state(state_dict)
 
 
 def _eqx_fingerprint(opt_def, params, fill):
@@ -192,7 +193,7 @@ EQUINOX = Face(
   step=_eqx_step,
   params=lambda handle: _fields(handle[0]),
   state_dict=lambda handle: handle[1].state_dict(),
-  restore=_eqx_restore,
+  restore=_restore_optimizer,
   fingerprint=_eqx_fingerprint,
   jit=_eqx_jit,
 )
@@ -242,11 +243,6 @@ def _treex_updates(handle, grads, overrides):
   return _fields(updates)
 
 
-def _treex_restore(handle, state_dict):
-  params, opt = handle
-  return params, opt.restore_state(state_dict)
-
-
 def _treex_fingerprint(opt_def, params, fill):
   import optcore_treex
 
@@ -262,7 +258,7 @@ TREEX = Face(
   step=_treex_step,
   params=lambda handle: _fields(handle[0]),
   state_dict=lambda handle: handle[1].state_dict(),
-  restore=_treex_restore,
+  restore=_restore_optimizer,
   fingerprint=_treex_fingerprint,
   updates=_treex_updates,
 )

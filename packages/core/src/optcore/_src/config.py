@@ -159,16 +159,17 @@ def to_config(opt_def: OptimizerDef) -> dict[str, Any]:
 def _factory(name: Any, where: str) -> Any:
   if not isinstance(name, str):
     raise ConfigError(f"at {where!r}: expected an optimizer name, found {name!r}")
+  legacy_names = _legacy_names()
   if name.startswith("contrib.") and name[8:] in contrib.CONTRIB_OPTIMIZERS:
     return getattr(contrib, name[8:])
-  if name.startswith("legacy.") and name[7:] in _legacy_names():
+  if name.startswith("legacy.") and name[7:] in legacy_names:
     return getattr(legacy, name[7:])
   if name == "adafactor.Adafactor":
     return _T5XAdafactor
   if name in optax_aliases.OPTAX_ALIASES:
     return getattr(optax_aliases, name)
   known = [*optax_aliases.OPTAX_ALIASES, *(f"contrib.{n}" for n in contrib.CONTRIB_OPTIMIZERS)]
-  known += [f"legacy.{n}" for n in _legacy_names()] + ["adafactor.Adafactor", "chain", "multi"]
+  known += [f"legacy.{n}" for n in legacy_names] + ["adafactor.Adafactor", "chain", "multi"]
   raise ConfigError(f"at {where!r}: unknown optimizer {name!r}; known: {', '.join(known)}")
 
 
