@@ -33,6 +33,11 @@ from optcore._src.base import OptimizerDef as OptimizerDef
 from optcore._src.checks import MissingHyperParameterError as MissingHyperParameterError
 from optcore._src.checks import TreeMismatchError as TreeMismatchError
 from optcore._src.checks import check_gradients as check_gradients
+from optcore._src.grouped import Grouped as Grouped
+from optcore._src.grouped import GroupedOptimizer as GroupedOptimizer
+from optcore._src.grouped import GroupedParams as GroupedParams
+from optcore._src.grouped import UngroupableError as UngroupableError
+from optcore._src.grouped import grouped as grouped
 from optcore._src.hyper_params import HyperParams as HyperParams
 from optcore._src.multi_optimizer import MultiOptimizer as MultiOptimizer
 from optcore._src.optax_aliases import OPTAX_ALIASES as OPTAX_ALIASES
@@ -67,6 +72,7 @@ from optcore._src.optax_aliases import sign_sgd as sign_sgd
 from optcore._src.optax_aliases import signum as signum
 from optcore._src.optax_aliases import sm3 as sm3
 from optcore._src.optax_aliases import yogi as yogi
+from optcore._src.optax_wrapper import ELEMENTWISE_OPTAX as ELEMENTWISE_OPTAX
 from optcore._src.optax_wrapper import OptaxWrapper as OptaxWrapper
 from optcore._src.optax_wrapper import chain as chain
 from optcore._src.optax_wrapper import wrap_optax_optimizer as wrap_optax_optimizer
@@ -115,7 +121,11 @@ def __getattr__(name: str):
 
 
 __all__ = [
+  "ELEMENTWISE_OPTAX",
   "OPTAX_ALIASES",
+  "Grouped",
+  "GroupedOptimizer",
+  "GroupedParams",
   "HyperParams",
   "MissingHyperParameterError",
   "ModelParamTraversal",
@@ -129,6 +139,7 @@ __all__ = [
   "SelectorError",
   "StateDictError",
   "TreeMismatchError",
+  "UngroupableError",
   "adabelief",
   "adadelta",
   "adafactor",
@@ -147,6 +158,7 @@ __all__ = [
   "derive_optax_logical_axes",
   "from_state_dict",
   "fromage",
+  "grouped",
   "lamb",
   "lars",
   "lbfgs",

@@ -60,6 +60,13 @@ _serialization.register_serialization_state(
   lambda optimizer, state_dict: optimizer.restore_state(state_dict),
   override=True,
 )
+# A grouped optimizer writes the ungrouped state dict (it restores either way).
+_serialization.register_serialization_state(
+  _optcore.GroupedOptimizer,
+  lambda optimizer: _optcore.adapter.key_data_for_export(optimizer.state_dict()),
+  lambda optimizer, state_dict: optimizer.restore_state(state_dict),
+  override=True,
+)
 _serialization.register_serialization_state(
   _optcore.OptimizerState,
   lambda state: _optcore.adapter.key_data_for_export(_optcore.to_state_dict(state)),

@@ -61,6 +61,12 @@ class OptimizerDef(
   #: gradient check then compares the trailing dimensions.
   per_example_gradients: bool = False
 
+  #: Whether the update of each element reads that element only (of the
+  #: parameter, gradient and state): then `grouped` may run the definition on
+  #: one buffer of many parameters and get the same numbers. Declare it True
+  #: in a subclass whose algorithm has no per-parameter reduction.
+  elementwise: bool = False
+
   #: Hyper-parameters the original algorithm read from its constructor only
   #: (they shape the state): an apply-time override of one is accepted, as
   #: the original accepted it, changes nothing, and warns that it changed nothing.
@@ -177,6 +183,17 @@ class OptimizerDef(
       )
     new_params, new_state = self.apply_gradient(hyper_params, params, state, grads, **extra_args)
     return jax.tree.map(lambda new, old: new - old, new_params, params), new_state
+
+  def why_not_elementwise(self) -> str | None:
+    """None where `grouped` may run this definition on a buffer of many
+    parameters (``elementwise``); else why not, in a few words."""
+    if self.elementwise:
+      return None
+    return (
+      f"{self.display_name()} is not element-wise: its update of an element may read other "
+      "elements of its parameter (a norm, a factored moment); a definition whose update of "
+      "each element reads only that element says so with elementwise = True"
+    )
 
   def display_name(self) -> str:
     """The name errors and warnings use: the class's, or the optax alias it wraps."""

@@ -108,6 +108,8 @@ class GradientDescent(OptimizerDef):
     Array([0.5, 0.5], dtype=float32)
   """
 
+  elementwise = True  # no per-parameter reduction: `grouped` may run it on a buffer
+
   def __init__(self, learning_rate: float | None = None):
     super().__init__(HyperParams(learning_rate=learning_rate))
 
@@ -131,6 +133,8 @@ class Momentum(OptimizerDef):
     >>> opt.target['w'], opt.state.param_states['w'].momentum
     (Array([0.71, 0.71], dtype=float32), Array([1.9, 1.9], dtype=float32))
   """
+
+  elementwise = True  # no per-parameter reduction: `grouped` may run it on a buffer
 
   def __init__(
     self,
@@ -168,6 +172,8 @@ class Adam(OptimizerDef):
     0.85
   """
 
+  elementwise = True  # no per-parameter reduction: `grouped` may run it on a buffer
+
   def __init__(
     self,
     learning_rate: float | None = None,
@@ -204,6 +210,8 @@ class AdaBelief(OptimizerDef):
     >>> sorted(opt.state_dict()['state']['param_states']['w'])
     ['grad_ema', 'grad_sq_ema']
   """
+
+  elementwise = True  # no per-parameter reduction: `grouped` may run it on a buffer
 
   def __init__(
     self,
@@ -243,6 +251,8 @@ class Adadelta(OptimizerDef):
     ['acc_delta', 'sq_avg']
   """
 
+  elementwise = True  # no per-parameter reduction: `grouped` may run it on a buffer
+
   def __init__(
     self,
     learning_rate: float | None = None,
@@ -279,6 +289,8 @@ class Adagrad(OptimizerDef):
     Array([4.], dtype=float32)
   """
 
+  elementwise = True  # no per-parameter reduction: `grouped` may run it on a buffer
+
   def __init__(self, learning_rate: float | None = None, eps: float = 1e-8):
     super().__init__(HyperParams(learning_rate=learning_rate, eps=eps))
 
@@ -304,6 +316,8 @@ class RMSProp(OptimizerDef):
     >>> opt.state.param_states['w'].mg is None
     True
   """
+
+  elementwise = True  # no per-parameter reduction: `grouped` may run it on a buffer
 
   def __init__(
     self,

@@ -95,6 +95,11 @@ class MultiOptimizer(OptimizerDef):
     (``create(focus=...)`` of a legacy definition is a MultiOptimizer)."""
     return any(opt.legacy_state_dicts for opt in self.sub_optimizers)
 
+  def why_not_elementwise(self) -> str | None:
+    """None when every group's definition is element-wise; else the first reason."""
+    reasons = (opt.why_not_elementwise() for opt in self.sub_optimizers)
+    return next((r for r in reasons if r is not None), None)
+
   @property
   def per_example_gradients(self) -> bool:  # type: ignore[override]
     # One gradient tree serves every group: per-example only if every group takes them.

@@ -24,6 +24,7 @@ import optax.contrib
 from optcore._src import overrides, partition_rules, paths, serialization
 from optcore._src.base import OptimizerDef
 from optcore._src.checks import check_float_params
+from optcore._src.grouped import Grouped
 from optcore._src.hyper_params import HyperParams, static_key
 from optcore._src.optimizer import OptimizerState
 
@@ -176,6 +177,24 @@ class OptaxWrapper(OptimizerDef):
       lambda params: tx.init(paths.unbox(params)), optax.with_extra_args_support(tx).update
     )
 
+  def why_not_elementwise(self) -> str | None:
+    """None for the optax aliases whose update reads each element alone (see
+    `ELEMENTWISE_OPTAX`) with no weight-decay mask; else why not."""
+    if all(self._factory is not getattr(optax, name) for name in ELEMENTWISE_OPTAX):
+      return (
+        f"{self.display_name()} is not one of the element-wise optax optimizers "
+        f"({', '.join(ELEMENTWISE_OPTAX)}): it reduces per parameter (a norm, a factored "
+        "moment), draws noise per parameter, or is a transformation optcore cannot read"
+      )
+    if self.hyper_params.get("mask") is not None:
+      return (
+        f"{self.display_name()} has a weight-decay mask, a tree over the parameters that a "
+        "buffer does not have; give each part its own definition instead: "
+        "optcore.grouped(optcore.MultiOptimizer((mask, adamw(...)), (rest, adamw(..., "
+        "weight_decay=0.0))))"
+      )
+    return None
+
   def derive_param_states_axes(
     self, param_states: PyTree, params: PyTree, params_axes: PyTree
   ) -> PyTree:
@@ -198,6 +217,19 @@ class OptaxWrapper(OptimizerDef):
       return f"OptaxWrapper({self._name})"
     inner = ", ".join(f"{k}={v!r}" for k, v in self.hyper_params.items())
     return f"{self._name}({inner})"
+
+
+#: The optax aliases whose update of each element reads only that element of
+#: the gradient, parameter and state (no norm, no factored moment, no noise
+#: drawn per leaf): `grouped` may run them on one buffer of many parameters.
+ELEMENTWISE_OPTAX = tuple(
+  name
+  for name in (
+    "adabelief adadelta adagrad adam adamax adamaxw adamw adan amsgrad lion nadam nadamw "
+    "optimistic_adam optimistic_gradient_descent radam rmsprop rprop sgd sign_sgd signum yogi"
+  ).split()
+  if hasattr(optax, name)
+)
 
 
 def wrap_optax_optimizer(
@@ -322,6 +354,14 @@ def as_definition(optimizer: Any, who: str) -> OptimizerDef:
     ...
     TypeError: my_face.Optimizer takes an optcore definition (optcore.adamw(1e-3), ...
   """
+  if isinstance(optimizer, Grouped):
+    raise TypeError(
+      f"{who} owns its parameters, so {optimizer.display_name()} could only group them for "
+      "each step and split them back, which measured slower than the ungrouped step (see the "
+      f"performance page). Pass the ungrouped definition, {optimizer.optimizer_def!r}, or keep "
+      "the parameters grouped between steps with optcore's own Optimizer: "
+      f"optcore.grouped(...).create(params)."
+    )
   if isinstance(optimizer, OptimizerDef):
     return optimizer
   if callable(getattr(optimizer, "init", None)) and callable(getattr(optimizer, "update", None)):

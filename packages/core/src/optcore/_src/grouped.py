@@ -1,0 +1,637 @@
+"""The grouped layout: many small parameters, and their state, in one buffer per dtype.
+
+Raw optax runs one to three fusions per parameter: a model of many small
+leaves (deep MLPs, policies, norms and biases) pays that overhead on every
+step and in compile time. `grouped` keeps every small floating parameter,
+and its optimizer state, in one flat buffer per (group, dtype) between steps,
+so an element-wise optimizer updates them in one pass; each step concatenates
+only the gradients. Large leaves stay as they are (concatenating them would
+write a fresh copy per step). `GroupedOptimizer.target` slices the user's
+pytree back out, which XLA fuses into its consumers inside ``jit``.
+
+Only element-wise algorithms may be grouped (``OptimizerDef.elementwise``):
+on a buffer, an algorithm that reduces per leaf (LAMB's trust ratio,
+Adafactor's factored moments, a global norm) would reduce over many leaves
+at once. State dicts, restores and error messages speak the ungrouped layout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Generic, TypeVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, PartitionSpec
+
+from optcore._src import partition_rules, paths, sharding, state_axes
+from optcore._src.base import OptimizerDef
+from optcore._src.checks import check_float_params, check_gradients
+from optcore._src.hyper_params import HyperParams
+from optcore._src.multi_optimizer import MultiOptimizer
+from optcore._src.optimizer import OptimizerState
+from optcore._src.step import apply_step
+
+PyTree = Any
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Entry:
+  """Where one parameter lives: in buffer ``buffer`` at ``offset``, or (``buffer``
+  -1) per leaf, as leaf ``offset`` of the ungrouped leaves."""
+
+  shape: tuple[int, ...]
+  dtype: str
+  buffer: int
+  offset: int
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class GroupLayout:
+  """Which parameters share which buffer: static, hashable, made once per
+  parameter tree by `Grouped.layout`.
+
+  Attributes:
+    treedef: the parameters' tree structure.
+    entries: one `_Entry` per parameter, in flattening order.
+    buffers: ``(group, dtype, size)`` per buffer; a group is the index of the
+      `MultiOptimizer` group that optimises the buffer's leaves (0 for a
+      plain definition, -1 for frozen leaves).
+    paths: each parameter's path, for errors and the logical axes.
+  """
+
+  treedef: Any
+  entries: tuple[_Entry, ...]
+  buffers: tuple[tuple[int, str, int], ...]
+  paths: tuple[str, ...]
+
+  def _key(self) -> tuple:
+    return (self.treedef, self.entries, self.buffers, self.paths)
+
+  def __eq__(self, other: object) -> bool:
+    # jit compares and hashes this (the static data of every grouped tree) on
+    # every call: identity first, the hash computed once.
+    if self is other:
+      return True
+    if not isinstance(other, GroupLayout):
+      return NotImplemented
+    return hash(self) == hash(other) and self._key() == other._key()
+
+  def __hash__(self) -> int:
+    cached = self.__dict__.get("_hash")
+    if cached is None:
+      cached = hash(self._key())
+      object.__setattr__(self, "_hash", cached)
+    return cached
+
+  def shapes(self) -> PyTree:
+    """The parameters' tree with a zero-memory array of each parameter's shape
+    and dtype at every leaf (what the gradient checks compare against)."""
+    leaves = [np.broadcast_to(np.zeros((), e.dtype), e.shape) for e in self.entries]
+    return self.treedef.unflatten(leaves)
+
+  def pack(self, tree: PyTree) -> GroupedParams:
+    """``tree`` (the parameters' structure) as a `GroupedParams`: concatenated
+    per buffer, the other leaves as they are. A leaf may be any subtree
+    whose leaves are parameter-shaped (one parameter's legacy state)."""
+    leaves = self.treedef.flatten_up_to(tree)
+    members: list[list[Any]] = [[] for _ in self.buffers]
+    ungrouped = []
+    for entry, leaf in zip(self.entries, leaves, strict=True):
+      if entry.buffer < 0:
+        ungrouped.append(leaf)
+      else:
+        members[entry.buffer].append(leaf)
+    return GroupedParams(self, tuple(_concatenate(m) for m in members), tuple(ungrouped))
+
+
+def _concatenate(subtrees: list[Any]) -> Any:
+  """One buffer from the subtrees of its parameters (None stays None)."""
+  if all(s is None for s in subtrees):
+    return None
+
+  def flat(*xs: Any) -> jax.Array:
+    if len(xs) == 1:
+      return jnp.reshape(xs[0], (-1,))
+    return jnp.concatenate([jnp.reshape(x, (-1,)) for x in xs])
+
+  return jax.tree.map(flat, *subtrees)
+
+
+class GroupedParams:
+  """A parameter-shaped tree in the grouped layout: one flat buffer per
+  (group, dtype) for the small leaves, every other leaf as it is.
+
+  A pytree whose children are the buffers, then the ungrouped leaves; the
+  `GroupLayout` is its static data. optax's states over it keep its type, so
+  every parameter-shaped part of a grouped state is one of these and
+  `unpack` gives the ungrouped layout back.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> import optcore
+    >>> opt = optcore.grouped(optcore.sgd(0.1)).create({'a': jnp.ones(2), 'b': jnp.ones((2, 2))})
+    >>> [b.shape for b in opt.packed_target.buffers]
+    [(6,)]
+    >>> opt.packed_target.unpack()['b'].shape
+    (2, 2)
+  """
+
+  __slots__ = ("buffers", "layout", "ungrouped")
+
+  def __init__(self, layout: GroupLayout, buffers: tuple[Any, ...], ungrouped: tuple[Any, ...]):
+    self.layout = layout
+    self.buffers = tuple(buffers)
+    self.ungrouped = tuple(ungrouped)
+
+  def unpack(self) -> PyTree:
+    """The tree in the parameters' own structure (slices of the buffers).
+
+    Differentiable: the gradient with respect to the buffers is the
+    per-leaf gradients concatenated (one copy), not a sum of padded slices.
+    """
+    if all(b is None or isinstance(b, jax.Array) for b in self.buffers):
+      leaves = _cut(self.layout, self.buffers, self.ungrouped)
+    else:  # buffers of per-parameter states (a legacy definition's), never differentiated
+      leaves = _cut_leaves(self.layout, self.buffers, self.ungrouped)
+    return self.layout.treedef.unflatten(leaves)
+
+  def __repr__(self) -> str:
+    shapes = [f"{dtype}[{size}] (group {group})" for group, dtype, size in self.layout.buffers]
+    return f"GroupedParams(buffers={shapes}, ungrouped={len(self.ungrouped)} leaves)"
+
+
+def _cut_leaves(layout: GroupLayout, buffers: tuple, ungrouped: tuple) -> list[Any]:
+  leaves = []
+  for entry in layout.entries:
+    if entry.buffer < 0:
+      leaves.append(ungrouped[entry.offset])
+      continue
+    size = math.prod(entry.shape)
+    cut = lambda b, e=entry, n=size: jnp.reshape(
+      jax.lax.slice_in_dim(b, e.offset, e.offset + n), e.shape
+    )
+    buffer = buffers[entry.buffer]
+    leaves.append(None if buffer is None else jax.tree.map(cut, buffer))
+  return leaves
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _cut(layout: GroupLayout, buffers: tuple, ungrouped: tuple) -> list[Any]:
+  return _cut_leaves(layout, buffers, ungrouped)
+
+
+def _cut_forward(layout, buffers, ungrouped):
+  return _cut_leaves(layout, buffers, ungrouped), None
+
+
+def _cut_backward(layout, _, cotangents):
+  zeros = lambda e: jnp.zeros(e.shape, e.dtype)
+  full = [zeros(e) if c is None else c for c, e in zip(cotangents, layout.entries, strict=True)]
+  packed = layout.pack(layout.treedef.unflatten(full))
+  return packed.buffers, packed.ungrouped
+
+
+_cut.defvjp(_cut_forward, _cut_backward)
+
+
+def _flatten_with_keys(g: GroupedParams):
+  keys = [(jax.tree_util.GetAttrKey(f"buffers[{i}]"), b) for i, b in enumerate(g.buffers)] + [
+    (jax.tree_util.GetAttrKey(f"ungrouped[{i}]"), leaf) for i, leaf in enumerate(g.ungrouped)
+  ]
+  return keys, g.layout
+
+
+def _unflatten(layout: GroupLayout, children: Sequence[Any]) -> GroupedParams:
+  n = len(layout.buffers)
+  return GroupedParams(layout, tuple(children[:n]), tuple(children[n:]))
+
+
+jax.tree_util.register_pytree_with_keys(
+  GroupedParams,
+  _flatten_with_keys,
+  _unflatten,
+  lambda g: ((*g.buffers, *g.ungrouped), g.layout),
+)
+
+
+def _is_grouped(x: Any) -> bool:
+  return isinstance(x, GroupedParams)
+
+
+def unpack_tree(tree: PyTree) -> PyTree:
+  """``tree`` with every `GroupedParams` in it unpacked (a grouped state in the
+  ungrouped layout)."""
+  return jax.tree.map(lambda x: x.unpack() if _is_grouped(x) else x, tree, is_leaf=_is_grouped)
+
+
+def pack_like(template: PyTree, tree: PyTree) -> PyTree:
+  """``tree``, in the ungrouped layout of ``template`` (a grouped tree), packed
+  as ``template`` is: the inverse of `unpack_tree`."""
+  items, treedef = jax.tree.flatten(template, is_leaf=_is_grouped)
+  leaves = iter(jax.tree.leaves(tree, is_leaf=lambda x: x is None))
+  out = []
+  for item in items:
+    if not _is_grouped(item):
+      out.append(next(leaves))
+      continue
+    unpacked = jax.tree.structure(item.unpack(), is_leaf=lambda x: x is None)
+    chunk = [next(leaves) for _ in range(unpacked.num_leaves)]
+    out.append(item.layout.pack(unpacked.unflatten(chunk)))
+  return treedef.unflatten(out)
+
+
+class UngroupableError(TypeError):
+  """A definition `grouped` cannot run on a buffer (one that reduces per parameter)."""
+
+
+UngroupableError.__module__ = "optcore"
+
+
+class Grouped(OptimizerDef):
+  """``optimizer_def`` with its small parameters and their state grouped: see `grouped`."""
+
+  def __init__(self, optimizer_def: OptimizerDef, max_leaf_size: int = 65536):
+    if not isinstance(optimizer_def, OptimizerDef):
+      raise TypeError(
+        f"grouped takes an optimizer definition (optcore.adam(1e-3), optcore.legacy.Adam(...)); "
+        f"got {optimizer_def!r}"
+      )
+    if isinstance(optimizer_def, Grouped):
+      raise TypeError(f"{optimizer_def!r} is grouped already; group it once")
+    if not isinstance(max_leaf_size, int) or isinstance(max_leaf_size, bool) or max_leaf_size < 1:
+      raise ValueError(
+        f"max_leaf_size must be a positive int (the element count below which a leaf is "
+        f"grouped), got {max_leaf_size!r}"
+      )
+    reason = optimizer_def.why_not_elementwise()
+    if reason is not None:
+      raise UngroupableError(
+        f"grouped({optimizer_def.display_name()}) is not possible: {reason}. On one buffer "
+        "of many parameters it would give other numbers than per parameter. Use the "
+        "definition ungrouped, or group an element-wise one (sgd, adam, adamw, lion, "
+        "rmsprop, ..., and flax.optim's but LAMB, LARS and WeightNorm)."
+      )
+    super().__init__(HyperParams())
+    self.hyper_params = optimizer_def.hyper_params  # a MultiOptimizer's is a list
+    self.optimizer_def = optimizer_def
+    self.max_leaf_size = max_leaf_size
+    self.per_parameter_state = optimizer_def.per_parameter_state
+    self.legacy_state_dicts = optimizer_def.legacy_state_dicts
+    self.constructor_only = optimizer_def.constructor_only
+    self.none_means_off = optimizer_def.none_means_off
+
+  # What is grouped.
+
+  def layout(self, params: PyTree) -> GroupLayout:
+    """Where each parameter of ``params`` lives (arrays or abstract arrays).
+
+    Floating leaves with fewer than ``max_leaf_size`` elements share one
+    buffer per (group, dtype); every other leaf stays as it is.
+    """
+    named, treedef = paths.leaves_with_names(params)
+    groups = self._groups(params, treedef)
+    buffers: dict[tuple[int, str], list[int]] = {}
+    entries, ungrouped, where = [], 0, []
+    for (names, leaf), group in zip(named, groups, strict=True):
+      shape, dtype = tuple(np.shape(leaf)), jnp.dtype(leaf.dtype)
+      where.append("/" + "/".join(names))
+      size = math.prod(shape)
+      if jnp.issubdtype(dtype, jnp.floating) and size < self.max_leaf_size:
+        index = list(buffers).index((group, dtype.name)) if (group, dtype.name) in buffers else None
+        if index is None:
+          buffers[(group, dtype.name)] = [0]
+          index = len(buffers) - 1
+        offsets = buffers[(group, dtype.name)]
+        entries.append(_Entry(shape, dtype.name, index, offsets[0]))
+        offsets[0] += size
+      else:
+        entries.append(_Entry(shape, dtype.name, -1, ungrouped))
+        ungrouped += 1
+    table = tuple((group, dtype, sizes[0]) for (group, dtype), sizes in buffers.items())
+    return GroupLayout(treedef, tuple(entries), table, tuple(where))
+
+  def _groups(self, params: PyTree, treedef: Any) -> list[int]:
+    """Each parameter's `MultiOptimizer` group (-1: frozen); 0 for a plain definition."""
+    if not isinstance(self.optimizer_def, MultiOptimizer):
+      return [0] * treedef.num_leaves
+    groups = [-1] * treedef.num_leaves
+    for g, mask in enumerate(self.optimizer_def.masks(params)):
+      for i, picked in enumerate(treedef.flatten_up_to(mask)):
+        if picked:
+          groups[i] = g
+    return groups
+
+  def inner_for(self, layout: GroupLayout) -> OptimizerDef:
+    """The definition that runs on the grouped tree: the wrapped one, or for a
+    `MultiOptimizer` the same groups selected by masks over the buffers."""
+    inner = self.optimizer_def
+    if not isinstance(inner, MultiOptimizer):
+      return inner
+    cache = self.__dict__.setdefault("_inner_cache", {})
+    if layout not in cache:
+      groups = self._groups(layout.shapes(), layout.treedef)
+      pairs = []
+      for g, sub in enumerate(inner.sub_optimizers):
+        buffers = tuple(group == g for group, _, _ in layout.buffers)
+        leaves = tuple(groups[j] == g for j, e in enumerate(layout.entries) if e.buffer < 0)
+        pairs.append((GroupedParams(layout, buffers, leaves), sub))
+      cache[layout] = MultiOptimizer(*pairs)
+    return cache[layout]
+
+  # The definition's interface, on the grouped tree.
+
+  def init_state(self, params: PyTree) -> OptimizerState:
+    if not _is_grouped(params):
+      check_float_params(params)
+      params = self.layout(params).pack(params)
+    return self.inner_for(params.layout).init_state(params)
+
+  def create(self, target: PyTree, focus: Any = None) -> GroupedOptimizer:
+    """A `GroupedOptimizer` over ``target``: its small leaves, and their
+    state, grouped from here on. ``focus`` as in `OptimizerDef.create`."""
+    if focus is not None:
+      raise TypeError(
+        "grouped(...).create takes no focus: group a MultiOptimizer instead, "
+        "optcore.grouped(optcore.MultiOptimizer((focus, opt_def)))"
+      )
+    check_float_params(target)
+    packed = self.layout(target).pack(target)
+    return GroupedOptimizer(self, self.inner_for(packed.layout).init_state(packed), packed)
+
+  def apply_gradient(
+    self,
+    hyper_params: HyperParams,
+    params: PyTree,
+    state: OptimizerState,
+    grads: PyTree,
+    **extra_args: Any,
+  ) -> tuple[PyTree, OptimizerState]:
+    """One step. ``params`` grouped (a `GroupedOptimizer`'s) gives grouped new
+    parameters; ungrouped (a face that owns its parameters) are grouped for
+    the step and the new ones split back."""
+    if _is_grouped(params):
+      grads = grads if _is_grouped(grads) else params.layout.pack(grads)
+      inner = self.inner_for(params.layout)
+      return inner.apply_gradient(hyper_params, params, state, grads, **extra_args)
+    packed = self.layout(params).pack(params)
+    grads = packed.layout.pack(grads)
+    inner = self.inner_for(packed.layout)
+    new, state = inner.apply_gradient(hyper_params, packed, state, grads, **extra_args)
+    return new.unpack(), state
+
+  def compute_updates(self, hyper_params, params, state, grads, **extra_args):
+    if params is None:
+      raise ValueError(f"params must be provided: {self!r} needs them for its layout")
+    new, state = self.apply_gradient(hyper_params, params, state, grads, **extra_args)
+    return jax.tree.map(lambda a, b: a - b, new, params), state
+
+  def why_not_elementwise(self) -> str | None:
+    return "it is grouped already"
+
+  def display_name(self) -> str:
+    return f"grouped({self.optimizer_def.display_name()})"
+
+  def overridable_names(self) -> frozenset[str]:
+    return self.optimizer_def.overridable_names()
+
+  def update_hyper_params(self, **hyper_param_overrides: Any) -> Any:
+    return self.optimizer_def.update_hyper_params(**hyper_param_overrides)
+
+  def as_optax(self) -> Any:
+    raise TypeError(
+      f"{self.display_name()} keeps its parameters grouped, which an optax transformation "
+      "(TrainState, nnx.Optimizer) cannot: they own the parameters. Pass the ungrouped "
+      f"definition, {self.optimizer_def!r}, or use its GroupedOptimizer (create)."
+    )
+
+  # State dicts, in the ungrouped layout.
+
+  def state_dict(self, target: PyTree, state: OptimizerState) -> dict[str, Any]:
+    return self.optimizer_def.state_dict(unpack_tree(target), unpack_tree(state))
+
+  def restore_state(self, target: PyTree, state: OptimizerState, state_dict: Mapping[str, Any]):
+    new_target, new_state = self.optimizer_def.restore_state(
+      unpack_tree(target), unpack_tree(state), state_dict
+    )
+    return pack_like(target, new_target), pack_like(state, new_state)
+
+  # Logical axes and shardings: a buffer is replicated (split under state_axis).
+
+  def derive_logical_axes(self, optimizer: Any, param_logical_axes: PyTree) -> GroupedOptimizer:
+    target_axes, state = self._axes(optimizer, param_logical_axes)
+    return GroupedOptimizer(self, state, target_axes)
+
+  def _axes(self, optimizer: Any, param_logical_axes: PyTree | None):
+    packed = optimizer.packed_target
+    user = packed.layout.shapes()
+    if param_logical_axes is None:
+      param_logical_axes = jax.tree.map(lambda _: PartitionSpec(), user)
+    axes = partition_rules.normalize_param_axes(user, param_logical_axes)
+    flat = packed.layout.treedef.flatten_up_to(axes)
+    grouped_axes = GroupedParams(
+      packed.layout,
+      tuple(PartitionSpec(None) for _ in packed.buffers),
+      tuple(a for a, e in zip(flat, packed.layout.entries, strict=True) if e.buffer < 0),
+    )
+    inner = self.inner_for(packed.layout)
+    state = state_axes._state_axes_of_full_rank(inner, optimizer.packed_state, packed, grouped_axes)
+    return grouped_axes, state
+
+  def derive_shardings(
+    self,
+    optimizer: Any,
+    param_logical_axes: PyTree | None = None,
+    mesh: Mesh | None = None,
+    logical_axis_rules: Sequence[tuple[str, Any]] | None = None,
+    *,
+    state_axis: str | None = None,
+  ) -> GroupedOptimizer:
+    mesh = state_axes.required_mesh(mesh)
+    target_axes, state_axes_tree = self._axes(optimizer, param_logical_axes)
+    target = sharding.logical_to_mesh_sharding(target_axes, mesh, logical_axis_rules)
+    state = sharding.logical_to_mesh_sharding(state_axes_tree, mesh, logical_axis_rules)
+    if state_axis is not None:
+      state = state_axes.add_state_axis(optimizer.packed_state, state, mesh, state_axis)
+    shardings = GroupedOptimizer(self, state, target)
+    sharding.check_divisible(optimizer, shardings)
+    return shardings
+
+  def create_sharded(
+    self,
+    target: PyTree,
+    param_logical_axes: PyTree | None = None,
+    mesh: Mesh | None = None,
+    logical_axis_rules: Sequence[tuple[str, Any]] | None = None,
+    *,
+    state_axis: str | None = None,
+  ) -> GroupedOptimizer:
+    mesh = state_axes.required_mesh(mesh)
+    abstract = jax.eval_shape(self.create, target)
+    shardings = self.derive_shardings(
+      abstract, param_logical_axes, mesh, logical_axis_rules, state_axis=state_axis
+    )
+    return jax.jit(self.create, out_shardings=shardings)(target)
+
+  def _static_key(self) -> tuple:
+    return (type(self), self.optimizer_def, self.max_leaf_size)
+
+  def __repr__(self) -> str:
+    return f"grouped({self.optimizer_def!r}, max_leaf_size={self.max_leaf_size})"
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupedOptimizer(Generic[T]):
+  """An `Optimizer` whose small parameters and their state stay grouped.
+
+  Made by ``grouped(opt_def).create(target)``; used as an `Optimizer` is.
+  ``target`` and ``state`` are the ungrouped views (slices of the buffers;
+  inside ``jit`` XLA fuses them into their consumers); ``packed_target`` and
+  ``packed_state`` are what it holds, and its pytree leaves.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> import optcore
+    >>> params = {'w': jnp.ones((3, 2)), 'b': jnp.ones(2)}
+    >>> opt = optcore.grouped(optcore.sgd(0.1, momentum=0.9)).create(params)
+    >>> loss = lambda p: jnp.sum(p['w'] ** 2) + jnp.sum(p['b'])
+    >>> step = jax.jit(lambda opt: opt.apply_gradient(jax.grad(loss)(opt.target)))
+    >>> opt = step(opt)
+    >>> opt.target['b']
+    Array([0.9, 0.9], dtype=float32)
+    >>> opt.state.param_states[0].trace['b']
+    Array([1., 1.], dtype=float32)
+    >>> opt.packed_state.param_states[0].trace
+    GroupedParams(buffers=['float32[8] (group 0)'], ungrouped=0 leaves)
+  """
+
+  optimizer_def: Grouped
+  packed_state: OptimizerState
+  packed_target: GroupedParams
+
+  @property
+  def target(self) -> T:
+    """The parameters in their own structure."""
+    return self.packed_target.unpack()
+
+  @property
+  def state(self) -> OptimizerState:
+    """The state as the ungrouped definition lays it out."""
+    return unpack_tree(self.packed_state)
+
+  def apply_gradient(
+    self,
+    grads: PyTree,
+    *,
+    extra_args: Mapping[str, Any] | None = None,
+    **hyper_param_overrides: Any,
+  ) -> GroupedOptimizer[T]:
+    """One update with ``grads``, in the target's structure (as `jax.grad` of
+    a loss of ``target`` gives them) or grouped (of a loss of
+    ``packed_target.unpack()``, which skips the concatenation). Overrides as
+    in `Optimizer.apply_gradient`."""
+    layout = self.packed_target.layout
+    if _is_grouped(grads):
+      if grads.layout != layout:
+        raise ValueError(
+          "grads are grouped in another layout than the optimizer's: differentiate with "
+          "respect to this optimizer's packed_target"
+        )
+    else:
+      grads = paths.conform(layout.shapes(), grads)
+      check_gradients(self.optimizer_def.optimizer_def, layout.shapes(), grads)
+      grads = layout.pack(grads)
+    new_target, new_state = apply_step(
+      self.optimizer_def,
+      self.packed_target,
+      self.packed_state,
+      grads,
+      extra_args=extra_args,
+      apply_updates=True,
+      **hyper_param_overrides,
+    )
+    return dataclasses.replace(self, packed_target=new_target, packed_state=new_state)
+
+  def compute_gradient(self, loss_fn: Callable[[T], Any]) -> tuple:
+    """flax.optim's helper (see `Optimizer.compute_gradient`): ``(loss, grad)``
+    with the gradient grouped, which `apply_gradient` takes as it is."""
+
+    def wrapped(packed):
+      out = loss_fn(packed.unpack())
+      return (out[0], tuple(out[1:])) if isinstance(out, (tuple, list)) else (out, None)
+
+    (loss, aux), grad = jax.value_and_grad(wrapped, has_aux=True)(self.packed_target)
+    return (loss, grad) if aux is None else (loss, *aux, grad)
+
+  compute_gradients = compute_gradient
+
+  def state_dict(self) -> dict[str, Any]:
+    """The state dict of the ungrouped optimizer: it restores either way."""
+    return self.optimizer_def.state_dict(self.packed_target, self.packed_state)
+
+  def restore_state(self, state_dict: Mapping[str, Any]) -> GroupedOptimizer[T]:
+    """A new optimizer holding what ``state_dict`` holds (written grouped or not)."""
+    target, state = self.optimizer_def.restore_state(
+      self.packed_target, self.packed_state, state_dict
+    )
+    return dataclasses.replace(self, packed_target=target, packed_state=state)
+
+  def replace(self, **changes: Any) -> GroupedOptimizer[T]:
+    """A copy with ``target=`` and/or ``state=`` (ungrouped, as the properties
+    give them) or ``packed_target=``/``packed_state=`` replaced."""
+    if "target" in changes:
+      changes["packed_target"] = self.packed_target.layout.pack(changes.pop("target"))
+    if "state" in changes:
+      changes["packed_state"] = pack_like(self.packed_state, changes.pop("state"))
+    return dataclasses.replace(self, **changes)
+
+
+jax.tree_util.register_dataclass(
+  GroupedOptimizer, data_fields=["packed_state", "packed_target"], meta_fields=["optimizer_def"]
+)
+
+
+def grouped(optimizer_def: OptimizerDef, max_leaf_size: int = 65536) -> Grouped:
+  """``optimizer_def`` with its small parameters, and their state, in one buffer per dtype.
+
+  Every floating parameter with fewer than ``max_leaf_size`` elements, and
+  its optimizer state, lives in one flat buffer per dtype (per group of a
+  `MultiOptimizer`) between steps, so an element-wise optimizer updates them
+  all in one pass; a step concatenates only the gradients. Larger leaves stay
+  as they are. The numbers are the ungrouped definition's (bitwise for
+  sgd, momentum and lion; adam's may differ in the last bit, as jitted and
+  eager optax do). State dicts are the ungrouped definition's, and restore
+  either way.
+
+  Args:
+    optimizer_def: an element-wise definition (``elementwise`` true: sgd,
+      adam, adamw, lion, rmsprop, ..., flax.optim's but LAMB, LARS and
+      WeightNorm), or a `MultiOptimizer` of them.
+    max_leaf_size: leaves with fewer elements are grouped.
+
+  Returns:
+    A `Grouped` definition; its ``create`` gives a `GroupedOptimizer`.
+
+  Raises:
+    UngroupableError: ``optimizer_def`` reduces per parameter (lamb, lars,
+      adafactor, a global-norm clip, a weight-decay mask), says which.
+    ValueError: ``max_leaf_size`` is not a positive int.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> import optcore
+    >>> params = [{'w': jnp.ones((4, 4)), 'b': jnp.zeros(4)} for _ in range(3)]
+    >>> opt = optcore.grouped(optcore.adam(1e-2), max_leaf_size=1024).create(params)
+    >>> opt.packed_target
+    GroupedParams(buffers=['float32[60] (group 0)'], ungrouped=0 leaves)
+    >>> grads = jax.tree.map(jnp.ones_like, opt.target)
+    >>> opt = jax.jit(lambda o, g: o.apply_gradient(g))(opt, grads)
+    >>> opt.target[0]['b'].round(4)
+    Array([-0.01, -0.01, -0.01, -0.01], dtype=float32)
+  """
+  return Grouped(optimizer_def, max_leaf_size)
