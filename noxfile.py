@@ -202,10 +202,12 @@ def demo(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
   """optcore against raw optax for every face (step time, eager, compile, memory,
-  bandwidth), the Equinox filter_jit loop, sharded state memory and ZeRO-1 on 8
-  devices; writes Markdown and JSON reports to benchmarks/results/."""
+  bandwidth), the Equinox filter_jit loop, the grouped layout's full train steps,
+  sharded state memory and ZeRO-1 on 8 devices; writes Markdown and JSON reports
+  to benchmarks/results/."""
   sync(session, None)
   session.run("python", "benchmarks/suite.py", *session.posargs)
+  session.run("python", "benchmarks/grouped.py", *session.posargs)
   session.run("python", "benchmarks/equinox_step.py", *session.posargs)
   session.run("python", "benchmarks/state_memory.py", env=EIGHT_CPU_DEVICES)
   session.run("python", "benchmarks/zero1.py", env=EIGHT_CPU_DEVICES)

@@ -1,7 +1,7 @@
 """optcore.grouped against raw optax: full jitted train steps (forward, backward, update).
 
-Three models: a deep MLP of 300 small leaves (~1M parameters, where per-leaf
-dispatch dominates), a 12-layer d=512 transformer tree (large matrices, small
+Four rows: a deep MLP of 300 small leaves (~1M parameters; batch 1, where per-leaf
+dispatch dominates, and batch 64), a 12-layer d=512 transformer tree (large matrices, small
 norms and biases) and 10 leaves of 3.2M (nothing grouped). Each step is
 adam, jitted with donation, fed a fresh batch per step. Reported per model:
 the median over shuffled rounds of the per-round step-time ratio against raw
@@ -9,10 +9,13 @@ optax per leaf, compile-order balanced (see timing.py), with quartiles; an
 A/A control (raw against a separately compiled raw); the trace+compile time
 ratio; and the number of fusions in each compiled step.
 
-On the MLP two more variants: ``grouped, grad of packed`` differentiates
-with respect to the grouped buffers directly (no gradient concatenation),
-and ``split back`` keeps the parameters per leaf and only the state grouped
-(what a face that owns its parameters, Equinox's or Treex's, could do).
+On the MLP at batch 1, four more variants: ``the update alone`` (grouped's
+update against raw optax's, given the gradients: what the prototype of issue
+31 measured), ``one buffer`` (``max_buffer_size`` unbounded: the update then
+waits for the whole backward pass), ``grad of packed`` (the gradient taken through
+``packed_target.unpack()``, which is the per-leaf gradients concatenated),
+and ``split back`` (the parameters per leaf and only the state grouped: what
+a face that owns its parameters, Equinox's or Treex's, could do).
 
   python benchmarks/grouped.py [--quick]
 """
@@ -40,7 +43,7 @@ RESULTS = Path(__file__).parent / "results"
 LEARNING_RATE = 1e-3
 
 
-def mlp(depth: int = 150, width: int = 80):
+def mlp(depth: int = 150, width: int = 80, batch_size: int = 1):
   rng = np.random.default_rng(0)
   params = {
     f"layer_{i:03d}": {
@@ -52,10 +55,10 @@ def mlp(depth: int = 150, width: int = 80):
 
   def loss(params, x):
     for layer in params.values():
-      x = jnp.tanh(x @ layer["w"] + layer["b"])
+      x = jnp.tanh(x @ layer["w"] + layer["b"][None, :])
     return jnp.mean(x**2)
 
-  batch = lambda i: jax.random.normal(jax.random.key(i), (64, width))
+  batch = lambda i: jax.random.normal(jax.random.key(i), (batch_size, width))
   return params, loss, batch
 
 
@@ -111,7 +114,12 @@ def large_leaves(count: int = 10, size: int = 3_200_000):
   return params, loss, batch
 
 
-MODELS = {"mlp": mlp, "transformer": transformer, "large": large_leaves}
+MODELS = {
+  "mlp": mlp,
+  "mlp, batch 64": lambda **sizes: mlp(**{"batch_size": 64, **sizes}),
+  "transformer": transformer,
+  "large": large_leaves,
+}
 
 
 def step_functions(loss, max_leaf_size: int) -> dict:
@@ -131,16 +139,31 @@ def step_functions(loss, max_leaf_size: int) -> dict:
     _, grads = opt.compute_gradient(lambda p: loss(p, x))
     return opt.apply_gradient(grads)
 
+  one_buffer = optcore.grouped(
+    optcore.adam(LEARNING_RATE), max_leaf_size=max_leaf_size, max_buffer_size=2**62
+  )
+
   def split_back_step(carry, x):
     params, state = carry
     grads = jax.grad(loss)(params, x)
     return optcore.adapter.step(opt_def, params, state, grads)
 
+  def raw_update(carry, grads):
+    params, state = carry
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  def grouped_update(opt, grads):
+    return opt.apply_gradient(grads)
+
   return {
+    "raw_update": (lambda p: (p, tx.init(p)), raw_update),
+    "grouped_update": (opt_def.create, grouped_update),
     "raw": (lambda p: (p, tx.init(p)), raw_step),
     "raw_control": (lambda p: (p, tx.init(p)), raw_step),
     "grouped": (opt_def.create, grouped_step),
     "grouped_packed_grad": (opt_def.create, packed_step),
+    "grouped_one_buffer": (one_buffer.create, grouped_step),
     "split_back": (lambda p: (p, opt_def.init_state(p)), split_back_step),
   }
 
@@ -162,20 +185,28 @@ def compile_seconds(make, step, params, x, repeats: int) -> list[float]:
   return out
 
 
-def bench(model: str, variants: list[str], rounds: int, steps: int, max_leaf_size: int) -> dict:
-  params, loss, batch = MODELS[model]()
+def bench(
+  model: str, variants: list[str], rounds: int, steps: int, max_leaf_size: int, **sizes: int
+) -> dict:
+  params, loss, batch = MODELS[model](**sizes)
   leaves = jax.tree.leaves(params)
   functions = step_functions(loss, max_leaf_size)
   xs = [batch(i) for i in range(steps)]
+  # The update-only variants take gradients in place of batches.
+  grads = [
+    jax.tree.map(lambda p, i=i: jnp.full_like(p, 1e-3 * (i + 1)), params) for i in range(steps)
+  ]
 
   def build(key: str):
     make, step = functions[key]
     jitted = jax.jit(step, donate_argnums=(0,))
     holder = [make(jax.tree.map(jnp.copy, params))]
 
+    inputs = grads if key.endswith("_update") else xs
+
     def run():
       state = holder[0]
-      for x in xs:
+      for x in inputs:
         state = jitted(state, x)
       jax.block_until_ready(state)
       holder[0] = state
@@ -191,12 +222,14 @@ def bench(model: str, variants: list[str], rounds: int, steps: int, max_leaf_siz
   control = balanced_ratio(build, "raw", "raw_control", rounds, steps)
   row["control"] = control["ratio"]
   row["raw_ms"] = statistics.median(control["base_times"]) * 1e3
+  base_of = lambda key: "raw_update" if key.endswith("_update") else "raw"
   for key in variants:
-    row[key] = balanced_ratio(build, "raw", key, rounds, steps)["ratio"]
+    row[key] = balanced_ratio(build, base_of(key), key, rounds, steps)["ratio"]
   row["fusions"] = {}
-  for key in ["raw", *variants]:
+  for key in {"raw", *map(base_of, variants), *variants}:
     make, step = functions[key]
-    row["fusions"][key] = fusions(jax.jit(step), make(params), xs[0])
+    arg = grads[0] if key.endswith("_update") else xs[0]
+    row["fusions"][key] = fusions(jax.jit(step), make(params), arg)
   # Trace+compile, alternating which goes first.
   raw_s, grouped_s = [], []
   for i in range(3):
@@ -214,7 +247,9 @@ def fmt(q) -> str:
 
 
 LABELS = {
+  "grouped_update": "grouped, the update alone",
   "grouped": "grouped",
+  "grouped_one_buffer": "grouped, one buffer",
   "grouped_packed_grad": "grouped, grad of packed",
   "split_back": "split back (params per leaf)",
 }
@@ -225,14 +260,19 @@ def main() -> None:
   parser.add_argument("--quick", action="store_true")
   parser.add_argument("--rounds", type=int, default=20)
   parser.add_argument("--max-leaf-size", type=int, default=65536)
-  args = parser.parse_args()
+  args, _ = parser.parse_known_args()  # nox -s bench passes the same arguments to every script
   rounds = 3 if args.quick else args.rounds
   device = jax.devices()[0]
   machine = f"{device.device_kind}, {platform.machine()}, jax {jax.__version__}"
   print(f"device: {machine}; optax {optax.__version__}; optcore {optcore.__version__}", flush=True)
   plan = [
-    ("mlp", ["grouped", "grouped_packed_grad", "split_back"], 20),
-    ("transformer", ["grouped"], 4),
+    (
+      "mlp",
+      ["grouped", "grouped_update", "grouped_one_buffer", "grouped_packed_grad", "split_back"],
+      20,
+    ),
+    ("mlp, batch 64", ["grouped"], 10),
+    ("transformer", ["grouped"], 2),
     ("large", ["grouped"], 4),
   ]
   rows = []
@@ -251,7 +291,8 @@ def main() -> None:
   report = {"device": machine, "rounds": rounds, "max_leaf_size": args.max_leaf_size, "rows": rows}
   (RESULTS / "grouped.json").write_text(json.dumps(report, indent=2))
   lines = [
-    f"`optcore.grouped(optcore.adam(1e-3), max_leaf_size={args.max_leaf_size})` against raw "
+    f"`optcore.grouped(optcore.adam(1e-3), max_leaf_size={args.max_leaf_size})` (buffers of at "
+    f"most 262144 elements) against raw "
     f"optax adam per leaf: full jitted train steps (forward, backward, update), measured in one "
     f"run on {device.device_kind} (jax {jax.__version__}); medians of per-round ratios over "
     f"{rounds} shuffled rounds [quartiles], compile-order balanced. Below 1 is faster.",
@@ -270,9 +311,10 @@ def main() -> None:
       )
       compile_ratio = fmt(r["compile"]) if key == "grouped" else ""
       control = fmt(r["control"]) if i == 0 else ""
+      base = "raw_update" if key.endswith("_update") else "raw"
       lines.append(
         f"{head}| {LABELS[key]} | {fmt(r[key])} | {control} | {compile_ratio} "
-        f"| {r['fusions']['raw']} / {r['fusions'][key]} |"
+        f"| {r['fusions'][base]} / {r['fusions'][key]} |"
       )
   (RESULTS / "grouped.md").write_text("\n".join(lines) + "\n")
   print(f"wrote {RESULTS / 'grouped.md'} and {RESULTS / 'grouped.json'}")

@@ -13,7 +13,14 @@ from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 FACES = ("core", "flax", "equinox", "treex")
-REPORTS = ("suite", "equinox_step", "state_memory", "zero1")
+REPORTS = ("suite", "equinox_step", "state_memory", "zero1", "grouped")
+GROUPED_LABELS = {
+  "grouped": "grouped step",
+  "grouped_one_buffer": "one buffer",
+  "grouped_update": "the update alone",
+  "grouped_packed_grad": "grad of packed",
+  "split_back": "split back",
+}
 
 
 def load_suite(results: Path = RESULTS) -> dict:
@@ -66,8 +73,45 @@ def plot_step_ratios(report: dict, out: Path) -> None:
   plt.close(fig)
 
 
+def plot_grouped(report: dict, out: Path) -> None:
+  """`optcore.grouped` over raw optax (benchmarks/grouped.py): one bar per model and variant,
+  quartiles as error bars, each model's A/A control as a grey band; trace+compile beside it."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  bars = [(row, key) for row in report["rows"] for key in GROUPED_LABELS if key in row]
+  fig, (steps, compiles) = plt.subplots(
+    1, 2, figsize=(10, 3.8), dpi=120, gridspec_kw={"width_ratios": [3, 1]}
+  )
+  for i, (row, key) in enumerate(bars):
+    _, low, high = row["control"]
+    steps.fill_between([i - 0.45, i + 0.45], low, high, color="0.85", zorder=0)
+    median, q1, q3 = row[key]
+    steps.bar(i, median, 0.7, color="C0" if key == "grouped" else "C1", zorder=2)
+    steps.errorbar(i, median, yerr=[[median - q1], [q3 - median]], fmt="none", ecolor="0.2")
+  steps.axhline(1.0, color="black", lw=0.8)
+  labels = [f"{row['model']}\n{GROUPED_LABELS[key]}" for row, key in bars]
+  steps.set_xticks(range(len(bars)), labels, fontsize=7, rotation=30, ha="right")
+  steps.set_ylabel("time / raw optax (grey: A/A control)")
+  steps.set_title("Jitted step (forward, backward, adam update)", fontsize=9)
+  rows = report["rows"]
+  compiles.bar(range(len(rows)), [r["compile"][0] for r in rows], 0.7, color="C2")
+  compiles.axhline(1.0, color="black", lw=0.8)
+  compiles.set_xticks(range(len(rows)), [r["model"] for r in rows], fontsize=7, rotation=30)
+  compiles.set_title("Trace + compile", fontsize=9)
+  fig.suptitle(f"optcore.grouped over raw optax per leaf ({report['device']})", fontsize=9)
+  fig.tight_layout()
+  out.parent.mkdir(parents=True, exist_ok=True)
+  fig.savefig(out)
+  plt.close(fig)
+
+
 def _render(app) -> None:
-  plot_step_ratios(load_suite(), Path(app.srcdir) / "_generated" / "step_ratios.png")
+  generated = Path(app.srcdir) / "_generated"
+  plot_step_ratios(load_suite(), generated / "step_ratios.png")
+  plot_grouped(json.loads((RESULTS / "grouped.json").read_text()), generated / "grouped.png")
 
 
 def setup(app):

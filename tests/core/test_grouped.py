@@ -188,6 +188,22 @@ def test_small_leaves_share_one_buffer_per_dtype_and_large_ones_stay():
   assert [b.dtype for b in mu.buffers] == [b.dtype for b in packed.buffers]
 
 
+def test_buffers_fill_up_to_max_buffer_size_in_the_parameters_order():
+  params = {f"p{i}": jnp.full((30,), float(i)) for i in range(5)}
+  params["big"] = jnp.ones(250)
+  opt_def = optcore.grouped(optcore.sgd(0.1, momentum=0.9), max_leaf_size=300, max_buffer_size=70)
+  opt = opt_def.create(params)
+  # p0+p1 (60), p2+p3 (60), p4 (30): 'big' (250) is below max_leaf_size, over the buffer size
+  sizes = [size for _, _, size in opt.packed_target.layout.buffers]
+  assert sizes == [250, 60, 60, 30]
+  grads = jax.tree.map(lambda x: jnp.linspace(-1.0, 1.0, x.size), params)
+  want_params, want_state = run_optax(optax.sgd(0.1, momentum=0.9), params, [grads] * 3)
+  for _ in range(3):
+    opt = jax.jit(lambda o, g: o.apply_gradient(g))(opt, grads)
+  chex_equal(opt.target, want_params)
+  chex_equal(opt.state.param_states, want_state)
+
+
 def test_max_leaf_size_counts_elements():
   params = {"a": jnp.ones(9), "b": jnp.ones(10)}
   layout = optcore.grouped(optcore.sgd(0.1), max_leaf_size=10).layout(params)
@@ -334,12 +350,16 @@ def test_optimizers_that_reduce_per_parameter_are_refused(opt_def, reason):
 def test_bad_arguments_are_refused():
   with pytest.raises(ValueError, match="max_leaf_size must be a positive int"):
     optcore.grouped(optcore.adam(1e-3), max_leaf_size=0)
+  with pytest.raises(ValueError, match="max_buffer_size must be a positive int"):
+    optcore.grouped(optcore.adam(1e-3), max_buffer_size=2.5)
   with pytest.raises(TypeError, match="takes an optimizer definition"):
     optcore.grouped(optax.adam(1e-3))
   with pytest.raises(TypeError, match="grouped already"):
     optcore.grouped(optcore.grouped(optcore.adam(1e-3)))
   with pytest.raises(TypeError, match="cannot: they own the parameters"):
     optcore.grouped(optcore.adam(1e-3)).as_optax()
+  with pytest.raises(TypeError, match=r"Group the whole: optcore.grouped\(optcore.MultiOptimizer"):
+    optcore.MultiOptimizer(("w", optcore.grouped(optcore.adam(1e-3))))
 
 
 def test_a_face_that_owns_its_parameters_refuses_and_says_why():
@@ -368,3 +388,27 @@ def test_definitions_are_static_and_do_not_retrace():
     opt = optcore.grouped(optcore.adam(1e-3), max_leaf_size=MAX_LEAF_SIZE).create(params)
     jitted(opt, g)
   assert len(traces) == 1
+
+
+def test_a_config_names_a_grouped_definition_and_round_trips():
+  config = {
+    "name": "grouped",
+    "max_leaf_size": 4096,
+    "max_buffer_size": 100000,
+    "optimizer": {"name": "multi", "groups": [
+      {"select": "w", "optimizer": {"name": "adamw", "learning_rate": 1e-3}},
+      {"select": "b", "optimizer": {"name": "legacy.Momentum", "learning_rate": 0.1}},
+    ]},
+  }  # fmt: skip
+  opt_def = optcore.config.from_config(config)
+  assert isinstance(opt_def, optcore.Grouped) and opt_def.max_leaf_size == 4096
+  assert optcore.config.to_config(opt_def) == config
+  assert optcore.config.from_config(optcore.config.to_config(opt_def)) == opt_def
+  with pytest.raises(
+    optcore.config.ConfigError, match="grouped: grouped\\(lamb\\) is not possible"
+  ):
+    optcore.config.from_config(
+      {"name": "grouped", "optimizer": {"name": "lamb", "learning_rate": 0.1}}
+    )
+  with pytest.raises(optcore.config.ConfigError, match="'grouped' takes"):
+    optcore.config.from_config({"name": "grouped", "max_leaf_size": 10})

@@ -35,9 +35,9 @@ from optcore._src.checks import TreeMismatchError as TreeMismatchError
 from optcore._src.checks import check_gradients as check_gradients
 from optcore._src.grouped import Grouped as Grouped
 from optcore._src.grouped import GroupedOptimizer as GroupedOptimizer
-from optcore._src.grouped import GroupedParams as GroupedParams
 from optcore._src.grouped import UngroupableError as UngroupableError
 from optcore._src.grouped import grouped as grouped
+from optcore._src.grouped_layout import GroupedParams as GroupedParams
 from optcore._src.hyper_params import HyperParams as HyperParams
 from optcore._src.multi_optimizer import MultiOptimizer as MultiOptimizer
 from optcore._src.optax_aliases import OPTAX_ALIASES as OPTAX_ALIASES

@@ -9,8 +9,9 @@ A config names an optimizer and its hyper-parameters::
 (``"contrib.muon"``), a legacy algorithm (``"legacy.Adam"``), T5X's Adafactor
 (``"adafactor.Adafactor"``), ``"chain"`` (``"transformations"``: a list of
 optimizer configs or optax transforms ``{"transform": "clip_by_global_norm",
-"max_norm": 1.0}``) or ``"multi"`` (``"groups"``: a list of ``{"select":
-regex, "optimizer": config}``). A hyper-parameter may be a schedule by name:
+"max_norm": 1.0}``), ``"multi"`` (``"groups"``: a list of ``{"select":
+regex, "optimizer": config}``) or ``"grouped"`` (`optcore.grouped`:
+``{"optimizer": config, "max_leaf_size": 65536}``). A hyper-parameter may be a schedule by name:
 ``{"schedule": "cosine_decay_schedule", "init_value": 1e-3, "decay_steps":
 1000}``; dtypes are written by name (``"bfloat16"``).
 

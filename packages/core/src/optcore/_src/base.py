@@ -67,6 +67,11 @@ class OptimizerDef(
   #: in a subclass whose algorithm has no per-parameter reduction.
   elementwise: bool = False
 
+  #: Whether the definition keeps its parameters in its own layout between
+  #: steps (`grouped`): then only an optimizer it creates can hold them, not a
+  #: face or container that owns the parameters.
+  groups_parameters: bool = False
+
   #: Hyper-parameters the original algorithm read from its constructor only
   #: (they shape the state): an apply-time override of one is accepted, as
   #: the original accepted it, changes nothing, and warns that it changed nothing.

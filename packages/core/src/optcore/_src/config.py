@@ -20,6 +20,7 @@ from optcore._src import optax_aliases
 from optcore._src.adafactor import Adafactor as _T5XAdafactor
 from optcore._src.base import OptimizerDef
 from optcore._src.factoring import FactorDim
+from optcore._src.grouped import Grouped
 from optcore._src.hyper_params import static_key
 from optcore._src.multi_optimizer import MultiOptimizer
 from optcore._src.optax_wrapper import OptaxWrapper, chain
@@ -109,6 +110,8 @@ def from_config(config: Mapping[str, Any], *, _path: str = "") -> OptimizerDef:
     return _multi(args, _path)
   if name == "chain":
     return _chain(args, _path)
+  if name == "grouped":
+    return _grouped(args, _path)
   factory = _factory(name, _join(_path, "name"))
   _check_arguments(name, factory, args, _path)
   _check_types(name, factory, args, _path)
@@ -134,6 +137,10 @@ def to_config(opt_def: OptimizerDef) -> dict[str, Any]:
         raise ConfigError(f"group {i}: only regex selectors can be written to a config")
       groups.append({"select": selector, "optimizer": to_config(sub)})
     return {"name": "multi", "groups": groups}
+  if isinstance(opt_def, Grouped):
+    inner = to_config(opt_def.optimizer_def)
+    sizes = {"max_leaf_size": opt_def.max_leaf_size, "max_buffer_size": opt_def.max_buffer_size}
+    return {"name": "grouped", **sizes, "optimizer": inner}
   if isinstance(opt_def, OptaxWrapper):
     if opt_def.factory is None:
       raise ConfigError(f"{opt_def!r} wraps a ready optax transformation: it has no config")
@@ -349,6 +356,20 @@ def _multi(args: Mapping[str, Any], path: str) -> MultiOptimizer:
       (group["select"], from_config(group["optimizer"], _path=_join(where, "optimizer")))
     )
   return MultiOptimizer(*pairs)
+
+
+def _grouped(args: Mapping[str, Any], path: str) -> Grouped:
+  sizes = {"max_leaf_size", "max_buffer_size"}
+  if "optimizer" not in args or not set(args) <= {"optimizer", *sizes}:
+    raise ConfigError(
+      f"at {path or 'config'!r}: 'grouped' takes {{'optimizer': config, 'max_leaf_size': int, "
+      f"'max_buffer_size': int}} (the sizes optional), found the keys {sorted(args)}"
+    )
+  inner = from_config(args["optimizer"], _path=_join(path, "optimizer"))
+  try:
+    return Grouped(inner, **{k: v for k, v in args.items() if k in sizes})
+  except (TypeError, ValueError) as e:
+    raise ConfigError(f"at {path or 'config'!r}: grouped: {e}") from None
 
 
 def _chain(args: Mapping[str, Any], path: str) -> OptaxWrapper:

@@ -77,6 +77,12 @@ class MultiOptimizer(OptimizerDef):
           f"MultiOptimizer takes (selector, OptimizerDef) pairs; argument {i} is {pair!r}. "
           "Write MultiOptimizer((selector_a, optcore.adam(1e-3)), (selector_b, optcore.sgd(0.1)))."
         )
+      if pair[1].groups_parameters:
+        raise TypeError(
+          f"MultiOptimizer argument {i} is {pair[1]!r}, which keeps its parameters grouped "
+          "between steps; inside a MultiOptimizer it could not. Group the whole: "
+          "optcore.grouped(optcore.MultiOptimizer((selector, opt_def), ...))."
+        )
     if not pairs:
       raise TypeError("MultiOptimizer needs at least one (selector, OptimizerDef) pair")
     self.traversals = tuple(selector for selector, _ in pairs)

@@ -24,7 +24,6 @@ import optax.contrib
 from optcore._src import overrides, partition_rules, paths, serialization
 from optcore._src.base import OptimizerDef
 from optcore._src.checks import check_float_params
-from optcore._src.grouped import Grouped
 from optcore._src.hyper_params import HyperParams, static_key
 from optcore._src.optimizer import OptimizerState
 
@@ -354,7 +353,7 @@ def as_definition(optimizer: Any, who: str) -> OptimizerDef:
     ...
     TypeError: my_face.Optimizer takes an optcore definition (optcore.adamw(1e-3), ...
   """
-  if isinstance(optimizer, Grouped):
+  if isinstance(optimizer, OptimizerDef) and optimizer.groups_parameters:
     raise TypeError(
       f"{who} owns its parameters, so {optimizer.display_name()} could only group them for "
       "each step and split them back, which measured slower than the ungrouped step (see the "
