@@ -136,7 +136,7 @@ def step_functions(loss, max_leaf_size: int) -> dict:
     return opt.apply_gradient(jax.grad(loss)(opt.target, x))
 
   def packed_step(opt, x):
-    _, grads = opt.compute_gradient(lambda p: loss(p, x))
+    grads = jax.grad(lambda packed: loss(packed.unpack(), x))(opt.packed_target)
     return opt.apply_gradient(grads)
 
   one_buffer = optcore.grouped(

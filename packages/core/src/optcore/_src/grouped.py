@@ -40,7 +40,7 @@ from optcore._src.grouped_layout import (
 )
 from optcore._src.hyper_params import HyperParams
 from optcore._src.multi_optimizer import MultiOptimizer
-from optcore._src.optimizer import OptimizerState
+from optcore._src.optimizer import Optimizer, OptimizerState
 from optcore._src.step import apply_step
 
 PyTree = Any
@@ -253,7 +253,7 @@ class Grouped(OptimizerDef):
       tuple(a for a, e in zip(flat, packed.layout.entries, strict=True) if e.buffer < 0),
     )
     inner = self.inner_for(packed.layout)
-    state = state_axes._state_axes_of_full_rank(inner, optimizer.packed_state, packed, grouped_axes)
+    state = state_axes.state_axes_of_full_rank(inner, optimizer.packed_state, packed, grouped_axes)
     return grouped_axes, state
 
   def derive_shardings(
@@ -375,15 +375,12 @@ class GroupedOptimizer(Generic[T]):
     return dataclasses.replace(self, packed_target=new_target, packed_state=new_state)
 
   def compute_gradient(self, loss_fn: Callable[[T], Any]) -> tuple:
-    """flax.optim's helper (see `Optimizer.compute_gradient`): ``(loss, grad)``
-    with the gradient grouped, which `apply_gradient` takes as it is."""
-
-    def wrapped(packed):
-      out = loss_fn(packed.unpack())
-      return (out[0], tuple(out[1:])) if isinstance(out, (tuple, list)) else (out, None)
-
-    (loss, aux), grad = jax.value_and_grad(wrapped, has_aux=True)(self.packed_target)
-    return (loss, grad) if aux is None else (loss, *aux, grad)
+    """flax.optim's helper, as `Optimizer.compute_gradient`: ``(loss, grad)``,
+    or ``(loss, aux, grad)``, the gradient in the target's structure. (The
+    gradient with respect to ``packed_target``, ``jax.grad(lambda p:
+    loss_fn(p.unpack()))(opt.packed_target)``, is the same one concatenated;
+    `apply_gradient` takes either.)"""
+    return Optimizer.compute_gradient(self, loss_fn)  # reads self.target only
 
   compute_gradients = compute_gradient
 

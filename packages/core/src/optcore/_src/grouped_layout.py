@@ -141,6 +141,8 @@ class GroupedParams:
     Differentiable: the gradient with respect to the buffers is the
     per-leaf gradients concatenated (one copy), not a sum of padded slices.
     """
+    if not self.buffers:  # nothing grouped: the leaves as they are
+      return self.layout.treedef.unflatten(list(self.ungrouped))
     if all(b is None or isinstance(b, jax.Array) for b in self.buffers):
       leaves = _cut(self.layout, self.buffers, self.ungrouped)
     else:  # buffers of per-parameter states (a legacy definition's), never differentiated

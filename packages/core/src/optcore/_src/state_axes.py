@@ -52,10 +52,10 @@ def state_logical_axes(
     (True, True)
   """
   axes = partition_rules.normalize_param_axes(params, param_axes)
-  return _state_axes_of_full_rank(optimizer_def, state, params, axes)
+  return state_axes_of_full_rank(optimizer_def, state, params, axes)
 
 
-def _state_axes_of_full_rank(
+def state_axes_of_full_rank(
   optimizer_def: Any, state: OptimizerState, params: PyTree, axes: PyTree
 ) -> OptimizerState:
   """`state_logical_axes` from axes already normalised (one full-rank spec per parameter)."""
@@ -115,7 +115,7 @@ def _unchecked_state_shardings(
 ) -> OptimizerState:
   """The one pipeline behind `state_shardings` and `optimizer_shardings`: the
   state's logical axes, mapped onto ``mesh``, and ZeRO-1's ``state_axis``."""
-  state_axes = _state_axes_of_full_rank(optimizer_def, state, params, axes)
+  state_axes = state_axes_of_full_rank(optimizer_def, state, params, axes)
   shardings = sharding.logical_to_mesh_sharding(state_axes, mesh, logical_axis_rules)
   if state_axis is not None:
     shardings = add_state_axis(state, shardings, mesh, state_axis)
@@ -127,7 +127,7 @@ def optimizer_logical_axes(
 ) -> Optimizer:
   """`OptimizerDef.derive_logical_axes`: an Optimizer of specs, the target's padded to full rank."""
   axes = partition_rules.normalize_param_axes(optimizer.target, param_logical_axes)
-  state = _state_axes_of_full_rank(optimizer_def, optimizer.state, optimizer.target, axes)
+  state = state_axes_of_full_rank(optimizer_def, optimizer.state, optimizer.target, axes)
   return Optimizer(optimizer_def, state, axes)
 
 
