@@ -110,8 +110,8 @@ def _concatenate(subtrees: list[Any]) -> Any:
 
 
 class GroupedParams:
-  """A parameter-shaped tree in the grouped layout: one flat buffer per
-  (group, dtype) for the small leaves, every other leaf as it is.
+  """A parameter-shaped tree in the grouped layout: flat buffers per (group,
+  dtype) for the small leaves, every other leaf as it is.
 
   A pytree whose children are the buffers, then the ungrouped leaves; the
   `GroupLayout` is its static data. optax's states over it keep its type, so
