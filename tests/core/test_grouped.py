@@ -68,24 +68,16 @@ def _apply(tx, params, state, grads):
   return optax.apply_updates(params, updates), state
 
 
-# No division, no square root: XLA's code is exact whatever the array sizes.
+# No division, no square root: XLA's code is exact whatever the array sizes. Each case is an
+# alias and its arguments, given to optax and to optcore alike.
 EXACT = {
-  "sgd": lambda: optax.sgd(0.1),
-  "sgd_momentum": lambda: optax.sgd(0.1, momentum=0.9),
-  "sgd_nesterov": lambda: optax.sgd(0.1, momentum=0.9, nesterov=True),
-  "lion": lambda: optax.lion(1e-2, weight_decay=1e-3),
-  "sign_sgd": lambda: optax.sign_sgd(0.1),
-  "signum": lambda: optax.signum(0.1),
-  "rprop": lambda: optax.rprop(0.1),
-}
-DEFINITIONS = {
-  "sgd": lambda: optcore.sgd(0.1),
-  "sgd_momentum": lambda: optcore.sgd(0.1, momentum=0.9),
-  "sgd_nesterov": lambda: optcore.sgd(0.1, momentum=0.9, nesterov=True),
-  "lion": lambda: optcore.lion(1e-2, weight_decay=1e-3),
-  "sign_sgd": lambda: optcore.sign_sgd(0.1),
-  "signum": lambda: optcore.signum(0.1),
-  "rprop": lambda: optcore.rprop(0.1),
+  "sgd": ("sgd", {"learning_rate": 0.1}),
+  "sgd_momentum": ("sgd", {"learning_rate": 0.1, "momentum": 0.9}),
+  "sgd_nesterov": ("sgd", {"learning_rate": 0.1, "momentum": 0.9, "nesterov": True}),
+  "lion": ("lion", {"learning_rate": 1e-2, "weight_decay": 1e-3}),
+  "sign_sgd": ("sign_sgd", {"learning_rate": 0.1}),
+  "signum": ("signum", {"learning_rate": 0.1}),
+  "rprop": ("rprop", {"learning_rate": 0.1}),
 }
 
 
@@ -93,8 +85,9 @@ DEFINITIONS = {
 def test_exact_optimizers_match_per_leaf_optax_bitwise(name):
   params = make_params()
   grads = gradient_sequence(params)
-  opt = run_grouped(DEFINITIONS[name](), params, grads)
-  want_params, want_state = run_optax(EXACT[name](), params, grads)
+  alias, kwargs = EXACT[name]
+  opt = run_grouped(getattr(optcore, alias)(**kwargs), params, grads)
+  want_params, want_state = run_optax(getattr(optax, alias)(**kwargs), params, grads)
   assert opt.packed_target.buffers[0].shape[0] < sum(x.size for x in jax.tree.leaves(params))
   chex_equal(opt.target, want_params)
   chex_equal(opt.state.param_states, want_state)

@@ -188,21 +188,13 @@ class Grouped(OptimizerDef):
     """One step. ``params`` grouped (a `GroupedOptimizer`'s) gives grouped new
     parameters; ungrouped (a face that owns its parameters) are grouped for
     the step and the new ones split back."""
-    if is_grouped(params):
-      grads = grads if is_grouped(grads) else params.layout.pack(grads)
-      inner = self.inner_for(params.layout)
-      return inner.apply_gradient(hyper_params, params, state, grads, **extra_args)
-    packed = self.layout(params).pack(params)
-    grads = packed.layout.pack(grads)
+    grouped = is_grouped(params)
+    packed = params if grouped else self.layout(params).pack(params)
+    if not (grouped and is_grouped(grads)):
+      grads = packed.layout.pack(grads)
     inner = self.inner_for(packed.layout)
     new, state = inner.apply_gradient(hyper_params, packed, state, grads, **extra_args)
-    return new.unpack(), state
-
-  def compute_updates(self, hyper_params, params, state, grads, **extra_args):
-    if params is None:
-      raise ValueError(f"params must be provided: {self!r} needs them for its layout")
-    new, state = self.apply_gradient(hyper_params, params, state, grads, **extra_args)
-    return jax.tree.map(lambda a, b: a - b, new, params), state
+    return (new if grouped else new.unpack()), state
 
   def why_not_elementwise(self) -> str | None:
     return "it is grouped already"
@@ -237,24 +229,25 @@ class Grouped(OptimizerDef):
   # Logical axes and shardings: a buffer is replicated (split under state_axis).
 
   def derive_logical_axes(self, optimizer: Any, param_logical_axes: PyTree) -> GroupedOptimizer:
-    target_axes, state = self._axes(optimizer, param_logical_axes)
+    packed, target_axes = self._target_axes(optimizer, param_logical_axes)
+    inner = self.inner_for(packed.layout)
+    state = state_axes.state_axes_of_full_rank(inner, optimizer.packed_state, packed, target_axes)
     return GroupedOptimizer(self, state, target_axes)
 
-  def _axes(self, optimizer: Any, param_logical_axes: PyTree | None):
+  def _target_axes(self, optimizer: Any, param_logical_axes: PyTree | None):
+    """The packed target and its axes: a buffer replicated, an ungrouped leaf its own."""
     packed = optimizer.packed_target
     user = packed.layout.shapes()
     if param_logical_axes is None:
       param_logical_axes = jax.tree.map(lambda _: PartitionSpec(), user)
     axes = partition_rules.normalize_param_axes(user, param_logical_axes)
     flat = packed.layout.treedef.flatten_up_to(axes)
-    grouped_axes = GroupedParams(
+    target_axes = GroupedParams(
       packed.layout,
       tuple(PartitionSpec(None) for _ in packed.buffers),
       tuple(a for a, e in zip(flat, packed.layout.entries, strict=True) if e.buffer < 0),
     )
-    inner = self.inner_for(packed.layout)
-    state = state_axes.state_axes_of_full_rank(inner, optimizer.packed_state, packed, grouped_axes)
-    return grouped_axes, state
+    return packed, target_axes
 
   def derive_shardings(
     self,
@@ -266,30 +259,22 @@ class Grouped(OptimizerDef):
     state_axis: str | None = None,
   ) -> GroupedOptimizer:
     mesh = state_axes.required_mesh(mesh)
-    target_axes, state_axes_tree = self._axes(optimizer, param_logical_axes)
+    packed, target_axes = self._target_axes(optimizer, param_logical_axes)
+    state = state_axes.unchecked_state_shardings(
+      self.inner_for(packed.layout),
+      optimizer.packed_state,
+      packed,
+      target_axes,
+      mesh,
+      logical_axis_rules,
+      state_axis,
+    )
     target = sharding.logical_to_mesh_sharding(target_axes, mesh, logical_axis_rules)
-    state = sharding.logical_to_mesh_sharding(state_axes_tree, mesh, logical_axis_rules)
-    if state_axis is not None:
-      state = state_axes.add_state_axis(optimizer.packed_state, state, mesh, state_axis)
     shardings = GroupedOptimizer(self, state, target)
     sharding.check_divisible(optimizer, shardings)
     return shardings
 
-  def create_sharded(
-    self,
-    target: PyTree,
-    param_logical_axes: PyTree | None = None,
-    mesh: Mesh | None = None,
-    logical_axis_rules: Sequence[tuple[str, Any]] | None = None,
-    *,
-    state_axis: str | None = None,
-  ) -> GroupedOptimizer:
-    mesh = state_axes.required_mesh(mesh)
-    abstract = jax.eval_shape(self.create, target)
-    shardings = self.derive_shardings(
-      abstract, param_logical_axes, mesh, logical_axis_rules, state_axis=state_axis
-    )
-    return jax.jit(self.create, out_shardings=shardings)(target)
+  # create_sharded is OptimizerDef's: it calls this definition's create and derive_shardings.
 
   def _static_key(self) -> tuple:
     return (type(self), self.optimizer_def, self.max_leaf_size, self.max_buffer_size)

@@ -97,14 +97,14 @@ def state_shardings(
   if param_axes is None:
     param_axes = jax.tree.map(lambda _: PartitionSpec(), params)
   axes = partition_rules.normalize_param_axes(params, param_axes)
-  shardings = _unchecked_state_shardings(
+  shardings = unchecked_state_shardings(
     optimizer_def, state, params, axes, required_mesh(mesh), logical_axis_rules, state_axis
   )
   sharding.check_divisible(state, shardings)  # named here, not in device_put's error
   return shardings
 
 
-def _unchecked_state_shardings(
+def unchecked_state_shardings(
   optimizer_def: Any,
   state: OptimizerState,
   params: PyTree,
@@ -147,7 +147,7 @@ def optimizer_shardings(
   if param_logical_axes is None:
     param_logical_axes = jax.tree.map(lambda _: PartitionSpec(), optimizer.target)
   axes = partition_rules.normalize_param_axes(optimizer.target, param_logical_axes)
-  state = _unchecked_state_shardings(
+  state = unchecked_state_shardings(
     optimizer_def, optimizer.state, optimizer.target, axes, mesh, logical_axis_rules, state_axis
   )
   target = sharding.logical_to_mesh_sharding(axes, mesh, logical_axis_rules)
