@@ -94,6 +94,12 @@ from optcore._src.traversal import SelectorError as SelectorError
 from optcore._src.traversal import leaves_with_paths as leaves_with_paths
 from optcore._src.traversal import register_selector_type as register_selector_type
 from optcore._src.traversal import selector_mask as selector_mask
+from optcore._src.wrappers import Accumulate as Accumulate
+from optcore._src.wrappers import AccumulateState as AccumulateState
+from optcore._src.wrappers import MixedPrecision as MixedPrecision
+from optcore._src.wrappers import MixedPrecisionState as MixedPrecisionState
+from optcore._src.wrappers import accumulate as accumulate
+from optcore._src.wrappers import mixed_precision as mixed_precision
 from optcore.contrib import CONTRIB_OPTIMIZERS as _CONTRIB_OPTIMIZERS
 
 try:
@@ -121,6 +127,8 @@ def __getattr__(name: str):
 
 
 __all__ = [
+  "Accumulate",
+  "AccumulateState",
   "ELEMENTWISE_OPTAX",
   "OPTAX_ALIASES",
   "Grouped",
@@ -128,6 +136,8 @@ __all__ = [
   "GroupedParams",
   "HyperParams",
   "MissingHyperParameterError",
+  "MixedPrecision",
+  "MixedPrecisionState",
   "ModelParamTraversal",
   "MultiOptimizer",
   "OptaxStatePartitionRules",
@@ -140,6 +150,7 @@ __all__ = [
   "StateDictError",
   "TreeMismatchError",
   "UngroupableError",
+  "accumulate",
   "adabelief",
   "adadelta",
   "adafactor",
@@ -168,6 +179,7 @@ __all__ = [
   "logical_to_mesh",
   "logical_to_mesh_axes",
   "logical_to_mesh_sharding",
+  "mixed_precision",
   "nadam",
   "nadamw",
   "noisy_sgd",

@@ -24,6 +24,7 @@ from optcore._src.grouped import Grouped
 from optcore._src.hyper_params import static_key
 from optcore._src.multi_optimizer import MultiOptimizer
 from optcore._src.optax_wrapper import OptaxWrapper, chain
+from optcore._src.wrappers import Accumulate, MixedPrecision
 
 
 class ConfigError(ValueError):
@@ -112,6 +113,8 @@ def from_config(config: Mapping[str, Any], *, _path: str = "") -> OptimizerDef:
     return _chain(args, _path)
   if name == "grouped":
     return _grouped(args, _path)
+  if name in _WRAPPERS:
+    return _wrapper(name, args, _path)
   factory = _factory(name, _join(_path, "name"))
   _check_arguments(name, factory, args, _path)
   _check_types(name, factory, args, _path)
@@ -141,6 +144,17 @@ def to_config(opt_def: OptimizerDef) -> dict[str, Any]:
     inner = to_config(opt_def.optimizer_def)
     sizes = {"max_leaf_size": opt_def.max_leaf_size, "max_buffer_size": opt_def.max_buffer_size}
     return {"name": "grouped", **sizes, "optimizer": inner}
+  if isinstance(opt_def, Accumulate):
+    dtype = {} if opt_def.dtype == jnp.float32 else {"dtype": jnp.dtype(opt_def.dtype).name}
+    inner = to_config(opt_def.optimizer_def)
+    return {"name": "accumulate", "every": opt_def.every, **dtype, "optimizer": inner}
+  if isinstance(opt_def, MixedPrecision):
+    dtypes = {
+      k: jnp.dtype(getattr(opt_def, k)).name
+      for k in ("state_dtype", "master_dtype")
+      if getattr(opt_def, k) is not None
+    }
+    return {"name": "mixed_precision", **dtypes, "optimizer": to_config(opt_def.optimizer_def)}
   if isinstance(opt_def, OptaxWrapper):
     if opt_def.factory is None:
       raise ConfigError(f"{opt_def!r} wraps a ready optax transformation: it has no config")
@@ -370,6 +384,28 @@ def _grouped(args: Mapping[str, Any], path: str) -> Grouped:
     return Grouped(inner, **{k: v for k, v in args.items() if k in sizes})
   except (TypeError, ValueError) as e:
     raise ConfigError(f"at {path or 'config'!r}: grouped: {e}") from None
+
+
+# name -> (required keys, optional keys, factory): the definition wrappers.
+_WRAPPERS: dict[str, tuple[set[str], set[str], Any]] = {
+  "accumulate": ({"every"}, {"dtype"}, Accumulate),
+  "mixed_precision": (set(), {"state_dtype", "master_dtype"}, MixedPrecision),
+}
+
+
+def _wrapper(name: str, args: Mapping[str, Any], path: str) -> OptimizerDef:
+  required, optional, factory = _WRAPPERS[name]
+  if "optimizer" not in args or not required <= set(args) <= {"optimizer", *required, *optional}:
+    keys = ", ".join(f"{k!r}" for k in sorted(required | optional))
+    raise ConfigError(
+      f"at {path or 'config'!r}: {name!r} takes {{'optimizer': config, {keys}}} (required: "
+      f"{sorted({'optimizer', *required})}), found the keys {sorted(args)}"
+    )
+  inner = from_config(args["optimizer"], _path=_join(path, "optimizer"))
+  try:
+    return factory(inner, **{k: v for k, v in args.items() if k != "optimizer"})
+  except (TypeError, ValueError) as e:
+    raise ConfigError(f"at {path or 'config'!r}: {name}: {e}") from None
 
 
 def _chain(args: Mapping[str, Any], path: str) -> OptaxWrapper:

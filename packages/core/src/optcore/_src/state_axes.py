@@ -15,7 +15,7 @@ from typing import Any
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from optcore._src import partition_rules, sharding
+from optcore._src import partition_rules, placement, sharding
 from optcore._src.optimizer import Optimizer, OptimizerState
 
 PyTree = Any
@@ -72,6 +72,7 @@ def state_shardings(
   logical_axis_rules: LogicalAxisRules | None = None,
   *,
   state_axis: str | None = None,
+  state_memory_kind: str | None = None,
 ) -> OptimizerState:
   """``state``'s structure with a `NamedSharding` on ``mesh`` at every leaf: the
   axes of `state_logical_axes` mapped by ``logical_axis_rules`` (None: the
@@ -98,7 +99,14 @@ def state_shardings(
     param_axes = jax.tree.map(lambda _: PartitionSpec(), params)
   axes = partition_rules.normalize_param_axes(params, param_axes)
   shardings = unchecked_state_shardings(
-    optimizer_def, state, params, axes, required_mesh(mesh), logical_axis_rules, state_axis
+    optimizer_def,
+    state,
+    params,
+    axes,
+    required_mesh(mesh),
+    logical_axis_rules,
+    state_axis,
+    state_memory_kind,
   )
   sharding.check_divisible(state, shardings)  # named here, not in device_put's error
   return shardings
@@ -112,13 +120,17 @@ def unchecked_state_shardings(
   mesh: Mesh,
   logical_axis_rules: LogicalAxisRules | None,
   state_axis: str | None,
+  state_memory_kind: str | None = None,
 ) -> OptimizerState:
   """The one pipeline behind `state_shardings` and `optimizer_shardings`: the
-  state's logical axes, mapped onto ``mesh``, and ZeRO-1's ``state_axis``."""
+  state's logical axes, mapped onto ``mesh``, ZeRO-1's ``state_axis``, and
+  the memory the state lives in between steps (``state_memory_kind``)."""
   state_axes = state_axes_of_full_rank(optimizer_def, state, params, axes)
   shardings = sharding.logical_to_mesh_sharding(state_axes, mesh, logical_axis_rules)
   if state_axis is not None:
     shardings = add_state_axis(state, shardings, mesh, state_axis)
+  if state_memory_kind is not None:
+    shardings = placement.with_memory_kind(state, shardings, mesh, state_memory_kind)
   return shardings
 
 
@@ -139,16 +151,26 @@ def optimizer_shardings(
   logical_axis_rules: LogicalAxisRules | None = None,
   *,
   state_axis: str | None = None,
+  state_memory_kind: str | None = None,
 ) -> Optimizer:
   """`OptimizerDef.derive_shardings`: an Optimizer of `NamedSharding` objects, divisibility
   checked. ``param_logical_axes`` None: the parameters are replicated.
   ``state_axis``: every state leaf is also split over that mesh axis (ZeRO-1,
-  see `add_state_axis`); the parameters keep their own sharding."""
+  see `add_state_axis`); the parameters keep their own sharding.
+  ``state_memory_kind``: every non-scalar state leaf lives in that memory
+  between steps (see `placement.with_memory_kind`)."""
   if param_logical_axes is None:
     param_logical_axes = jax.tree.map(lambda _: PartitionSpec(), optimizer.target)
   axes = partition_rules.normalize_param_axes(optimizer.target, param_logical_axes)
   state = unchecked_state_shardings(
-    optimizer_def, optimizer.state, optimizer.target, axes, mesh, logical_axis_rules, state_axis
+    optimizer_def,
+    optimizer.state,
+    optimizer.target,
+    axes,
+    mesh,
+    logical_axis_rules,
+    state_axis,
+    state_memory_kind,
   )
   target = sharding.logical_to_mesh_sharding(axes, mesh, logical_axis_rules)
   shardings = Optimizer(optimizer_def, state, target)
@@ -211,11 +233,17 @@ def create_sharded(
   logical_axis_rules: LogicalAxisRules | None = None,
   *,
   state_axis: str | None = None,
+  state_memory_kind: str | None = None,
 ) -> Optimizer:
   """`OptimizerDef.create_sharded`: ``create`` jitted with the derived ``out_shardings``."""
   abstract = jax.eval_shape(optimizer_def.create, target)
   shardings = optimizer_def.derive_shardings(
-    abstract, param_logical_axes, mesh, logical_axis_rules, state_axis=state_axis
+    abstract,
+    param_logical_axes,
+    mesh,
+    logical_axis_rules,
+    state_axis=state_axis,
+    state_memory_kind=state_memory_kind,
   )
   return jax.jit(optimizer_def.create, out_shardings=shardings)(target)
 
@@ -292,6 +320,7 @@ class ShardingMethods:
     logical_axis_rules: Sequence[tuple[str, Any]] | None = None,
     *,
     state_axis: str | None = None,
+    state_memory_kind: str | None = None,
   ) -> Optimizer:
     """An Optimizer-shaped tree of `NamedSharding` objects on ``mesh``: the logical
     axes of `derive_logical_axes`, mapped by Flax-style ``logical_axis_rules``
@@ -323,6 +352,7 @@ class ShardingMethods:
       required_mesh(mesh),
       logical_axis_rules,
       state_axis=state_axis,
+      state_memory_kind=state_memory_kind,
     )
 
   def create_sharded(
@@ -333,6 +363,7 @@ class ShardingMethods:
     logical_axis_rules: Sequence[tuple[str, Any]] | None = None,
     *,
     state_axis: str | None = None,
+    state_memory_kind: str | None = None,
   ) -> Optimizer:
     """Like `create`, with the target and every state leaf created sharded on
     ``mesh`` (``jit`` with ``out_shardings``): no device ever holds the
@@ -366,6 +397,7 @@ class ShardingMethods:
       required_mesh(mesh),
       logical_axis_rules,
       state_axis=state_axis,
+      state_memory_kind=state_memory_kind,
     )
 
   def derive_param_states_axes(

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from optcore._src import paths
+from optcore._src import paths, placement
 from optcore._src.checks import check_gradients
 
 PyTree = Any
@@ -29,7 +29,8 @@ def apply_step(
   ``grads`` are checked against ``params`` (structure, None, shapes) first,
   then ``hyper_param_overrides`` are resolved by the definition's
   `update_hyper_params` (which refuses what cannot take effect), then the
-  update runs. Every face calls this, so all refuse the same inputs with the
+  update runs; state kept in host memory is brought to the device for it and
+  the new state put back (`placement`). Every face calls this, so all refuse the same inputs with the
   same errors.
 
   Example:
@@ -50,4 +51,6 @@ def apply_step(
     raise ValueError("params must be provided if apply_updates is True")
   hyper_params = optimizer_def.update_hyper_params(**hyper_param_overrides)
   update = optimizer_def.apply_gradient if apply_updates else optimizer_def.compute_updates
-  return update(hyper_params, params, state, grads, **(extra_args or {}))
+  state, on_host = placement.to_device(state)  # state_memory_kind="pinned_host"
+  new_params, new_state = update(hyper_params, params, state, grads, **(extra_args or {}))
+  return new_params, placement.to_host(new_state, on_host)

@@ -1,0 +1,90 @@
+"""Where the optimizer state lives between steps: device memory or host memory.
+
+``state_memory_kind="pinned_host"`` (on `OptimizerDef.create_sharded`,
+`derive_shardings` and every face's shard method) puts every non-scalar
+state leaf in pinned host memory: its sharding's ``memory_kind``. Each step
+(`apply_step`, which every face calls) brings those leaves to the device,
+computes, and puts the new ones back, inside the user's ``jit``; the
+parameters and the scalar counters stay on the device. The numbers are the
+on-device step's: only the copies differ.
+
+A leaf's place is read from the array itself (its abstract value's memory
+space under ``jit``), so nothing else carries it: a state restored, donated
+or passed through another face stays where it was put.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+from jax.sharding import Mesh, NamedSharding
+
+PyTree = Any
+
+#: The memory kinds a step can keep state in: JAX traces ``unpinned_host``
+#: arrays as device memory, so a jitted step cannot tell it apart.
+SUPPORTED = ("device", "pinned_host")
+
+
+def check_memory_kind(mesh: Mesh, memory_kind: str) -> None:
+  """Raises ValueError unless every device of ``mesh`` has ``memory_kind`` and a
+  step can keep state there, listing the kinds the devices have."""
+  device = mesh.devices.flat[0]
+  kinds = sorted({m.kind for d in mesh.devices.flat for m in d.addressable_memories()})
+  if memory_kind not in kinds:
+    raise ValueError(
+      f"state_memory_kind={memory_kind!r}: the mesh's devices ({device.platform}) have the "
+      f"memory kinds {kinds}, not {memory_kind!r}. Pass one of them, e.g. "
+      "state_memory_kind='pinned_host' to keep the optimizer state in host memory."
+    )
+  if memory_kind not in SUPPORTED:
+    raise ValueError(
+      f"state_memory_kind={memory_kind!r} is not supported: inside jit, JAX gives "
+      f"{memory_kind!r} arrays the device's memory space, so a step could not put the state "
+      f"back there. Use one of {list(SUPPORTED)} ('pinned_host' for host memory)."
+    )
+
+
+def with_memory_kind(state: PyTree, shardings: PyTree, mesh: Mesh, memory_kind: str) -> PyTree:
+  """``shardings`` with every non-scalar state leaf's placed in ``memory_kind``;
+  scalars (step counters) stay on the device, where every step reads them."""
+  check_memory_kind(mesh, memory_kind)
+  treedef = jax.tree.structure(state)
+
+  def place(leaf: Any, named: NamedSharding) -> NamedSharding:
+    return named.with_memory_kind(memory_kind) if jax.numpy.ndim(leaf) else named
+
+  placed = [
+    place(leaf, named)
+    for leaf, named in zip(jax.tree.leaves(state), treedef.flatten_up_to(shardings), strict=True)
+  ]
+  return treedef.unflatten(placed)
+
+
+def _on_host(x: Any) -> bool:
+  if not isinstance(x, jax.Array):
+    return False
+  return getattr(jax.typeof(x), "memory_space", None) == jax.memory.Space.Host
+
+
+def to_device(state: PyTree) -> tuple[PyTree, tuple[bool, ...] | None]:
+  """``state`` with every leaf kept in host memory brought to the device, and
+  which leaves were (None when none was: nothing to put back)."""
+  leaves, treedef = jax.tree.flatten(state)
+  on_host = tuple(_on_host(x) for x in leaves)
+  if not any(on_host):
+    return state, None
+  moved = [jax.device_put(x, jax.memory.Space.Device) if h else x for x, h in zip(leaves, on_host)]
+  return treedef.unflatten(moved), on_host
+
+
+def to_host(state: PyTree, on_host: tuple[bool, ...] | None) -> PyTree:
+  """The new ``state`` with the leaves `to_device` brought over put back in host memory."""
+  if on_host is None:
+    return state
+  leaves, treedef = jax.tree.flatten(state)
+  if len(leaves) != len(on_host):  # a step that changed the state's structure: leave it be
+    return state
+  back = [jax.device_put(x, jax.memory.Space.Host) if h else x for x, h in zip(leaves, on_host)]
+  return treedef.unflatten(back)
