@@ -35,6 +35,12 @@ def grads_at(i: int, params) -> dict:
   )
 
 
+def cast(tree, dtype):
+  """``tree`` with every real floating leaf in ``dtype``."""
+  floating = lambda x: jnp.issubdtype(x.dtype, jnp.floating)
+  return jax.tree.map(lambda x: x.astype(dtype) if floating(x) else x, tree)
+
+
 def assert_bitwise(a, b):
   jax.tree.map(lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)), a, b)
 
@@ -187,19 +193,14 @@ def test_state_dtype_stores_every_floating_leaf_and_computes_in_float32():
     opt_def = optcore.mixed_precision(inner, state_dtype=jnp.bfloat16)
     opt = opt_def.create(params)
     step = jax.jit(lambda o, g: o.apply_gradient(g))
-    # The reference, by hand: the state kept in bfloat16, read back in float32.
-    to = lambda dtype: (
-      lambda tree: jax.tree.map(
-        lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree
-      )
-    )
 
+    # The reference, by hand: the state kept in bfloat16, read back in float32.
     @jax.jit
     def ref_step(p, stored, g, inner=inner):
-      p, new = inner.apply_gradient(inner.hyper_params, p, to(jnp.float32)(stored), g)
-      return p, to(jnp.bfloat16)(new)
+      p, new = inner.apply_gradient(inner.hyper_params, p, cast(stored, jnp.float32), g)
+      return p, cast(new, jnp.bfloat16)
 
-    ref_params, ref_state = params, to(jnp.bfloat16)(inner.init_state(params))
+    ref_params, ref_state = params, cast(inner.init_state(params), jnp.bfloat16)
     for i in range(3):
       g = grads_at(i, params)
       opt = step(opt, g)

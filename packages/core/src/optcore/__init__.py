@@ -127,10 +127,10 @@ def __getattr__(name: str):
 
 
 __all__ = [
-  "Accumulate",
-  "AccumulateState",
   "ELEMENTWISE_OPTAX",
   "OPTAX_ALIASES",
+  "Accumulate",
+  "AccumulateState",
   "Grouped",
   "GroupedOptimizer",
   "GroupedParams",

@@ -75,7 +75,10 @@ def to_device(state: PyTree) -> tuple[PyTree, tuple[bool, ...] | None]:
   on_host = tuple(_on_host(x) for x in leaves)
   if not any(on_host):
     return state, None
-  moved = [jax.device_put(x, jax.memory.Space.Device) if h else x for x, h in zip(leaves, on_host)]
+  moved = [
+    jax.device_put(x, jax.memory.Space.Device) if h else x
+    for x, h in zip(leaves, on_host, strict=True)
+  ]
   return treedef.unflatten(moved), on_host
 
 
@@ -86,5 +89,8 @@ def to_host(state: PyTree, on_host: tuple[bool, ...] | None) -> PyTree:
   leaves, treedef = jax.tree.flatten(state)
   if len(leaves) != len(on_host):  # a step that changed the state's structure: leave it be
     return state
-  back = [jax.device_put(x, jax.memory.Space.Host) if h else x for x, h in zip(leaves, on_host)]
+  back = [
+    jax.device_put(x, jax.memory.Space.Host) if h else x
+    for x, h in zip(leaves, on_host, strict=True)
+  ]
   return treedef.unflatten(back)

@@ -30,8 +30,8 @@ def apply_step(
   then ``hyper_param_overrides`` are resolved by the definition's
   `update_hyper_params` (which refuses what cannot take effect), then the
   update runs; state kept in host memory is brought to the device for it and
-  the new state put back (`placement`). Every face calls this, so all refuse the same inputs with the
-  same errors.
+  the new state put back (`placement`). Every face calls this, so all refuse
+  the same inputs with the same errors.
 
   Example:
     >>> import jax.numpy as jnp
