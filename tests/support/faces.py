@@ -18,7 +18,10 @@ its own optimizer object, through its public API only:
 - ``updates(handle, grads, overrides)``: optax-style updates, where the face
   offers them (``apply_updates=False``);
 - ``fingerprint(opt_def, params, fill)``: the bytes of its checkpoint with a
-  filled state (`state_dict_bytes.py`).
+  filled state (`state_dict_bytes.py`);
+- ``create_sharded(opt_def, params, mesh, **placement)``: a handle whose state
+  is placed through the face's own shard method (``state_axis``,
+  ``state_memory_kind``), the parameters replicated.
 
 The framework imports are inside the functions: the core's venv, which has
 none of them, can still import this module (and the face list).
@@ -52,6 +55,7 @@ class Face:
   fingerprint: Callable[[Any, dict, Callable], Any]
   jit: Callable[[Callable], Callable] = jax.jit
   updates: Callable[[PyTree, dict, dict], dict] | None = None
+  create_sharded: Callable[..., PyTree] | None = None
 
   def __repr__(self) -> str:
     return self.name
@@ -74,6 +78,9 @@ CORE = Face(
   state_dict=lambda opt: opt.state_dict(),
   restore=lambda opt, sd: opt.restore_state(sd),
   fingerprint=_core_fingerprint,
+  create_sharded=lambda opt_def, params, mesh, **kw: opt_def.create_sharded(
+    params, mesh=mesh, **kw
+  ),
 )
 
 
@@ -118,6 +125,12 @@ def _flax_fingerprint(opt_def, params, fill):
   return flax.serialization.to_bytes(opt)
 
 
+def _flax_create_sharded(opt_def, params, mesh, **placement):
+  import optcore_flax
+
+  return optcore_flax.create_sharded(opt_def, _freeze(params), mesh, **placement)
+
+
 FLAX = Face(
   name="flax",
   module="optcore_flax",
@@ -127,6 +140,7 @@ FLAX = Face(
   state_dict=_flax_state_dict,
   restore=_flax_restore,
   fingerprint=_flax_fingerprint,
+  create_sharded=_flax_create_sharded,
 )
 
 
@@ -180,6 +194,11 @@ def _eqx_fingerprint(opt_def, params, fill):
   return opt.restore_state({"state": optcore.to_state_dict(fill(opt.state))}).state_dict()
 
 
+def _eqx_create_sharded(opt_def, params, mesh, **placement):
+  model, opt = _eqx_create(opt_def, params)
+  return model, opt.shard(model, mesh=mesh, **placement)
+
+
 def _eqx_jit(fn):
   import equinox as eqx
 
@@ -196,6 +215,7 @@ EQUINOX = Face(
   restore=_restore_optimizer,
   fingerprint=_eqx_fingerprint,
   jit=_eqx_jit,
+  create_sharded=_eqx_create_sharded,
 )
 
 
@@ -251,6 +271,11 @@ def _treex_fingerprint(opt_def, params, fill):
   return filled.state_dict()
 
 
+def _treex_create_sharded(opt_def, params, mesh, **placement):
+  container, opt = _treex_create(opt_def, params)
+  return container, opt.shard(container, mesh=mesh, **placement)
+
+
 TREEX = Face(
   name="treex",
   module="optcore_treex",
@@ -261,6 +286,7 @@ TREEX = Face(
   restore=_restore_optimizer,
   fingerprint=_treex_fingerprint,
   updates=_treex_updates,
+  create_sharded=_treex_create_sharded,
 )
 
 
@@ -294,6 +320,12 @@ def _adapter_fingerprint(opt_def, params, fill):
   return optcore.adapter.state_dict(opt_def, fill(opt_def.init_state(params)))
 
 
+def _adapter_create_sharded(opt_def, params, mesh, **placement):
+  opt_def, params, state = _adapter_create(opt_def, params)
+  shardings = optcore.adapter.state_shardings(opt_def, state, params, None, mesh, **placement)
+  return opt_def, params, jax.device_put(state, shardings)
+
+
 def _adapter_jit(fn):
   # The definition is no pytree (in a plain tuple it would be a leaf): jit closes over it.
   def call(handle, *args):
@@ -315,6 +347,7 @@ ADAPTER = Face(
   fingerprint=_adapter_fingerprint,
   jit=_adapter_jit,
   updates=_adapter_updates,
+  create_sharded=_adapter_create_sharded,
 )
 
 

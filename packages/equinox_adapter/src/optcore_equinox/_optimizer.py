@@ -113,6 +113,7 @@ class Optimizer(eqx.Module):
     logical_axis_rules: Sequence[tuple[str, Any]] | None = None,
     *,
     state_axis: str | None = None,
+    state_memory_kind: str | None = None,
   ) -> Optimizer:
     """This optimizer's structure with a `NamedSharding` at every state array.
 
@@ -120,8 +121,10 @@ class Optimizer(eqx.Module):
     axes, or logical names mapped by ``logical_axis_rules``) at each
     optimised leaf; other leaves may hold anything; None: the model is
     replicated. ``state_axis`` (ZeRO-1) also splits every state leaf over
-    that mesh axis, as `optcore.OptimizerDef.derive_shardings` does. Pass the
-    result to ``eqx.filter_shard`` or use `shard`.
+    that mesh axis, as `optcore.OptimizerDef.derive_shardings` does;
+    ``state_memory_kind="pinned_host"`` keeps every non-scalar state array in
+    host memory between steps (each `update` brings it to the device and back).
+    Pass the result to ``eqx.filter_shard`` or use `shard`.
     """
     params = self.params(model)
     specs = None if model_specs is None else _select(model_specs, params, check=False)
@@ -133,6 +136,7 @@ class Optimizer(eqx.Module):
       mesh,
       logical_axis_rules,
       state_axis=state_axis,
+      state_memory_kind=state_memory_kind,
     )
     return eqx.tree_at(lambda o: o.state, self, shardings)
 
@@ -144,6 +148,7 @@ class Optimizer(eqx.Module):
     logical_axis_rules: Sequence[tuple[str, Any]] | None = None,
     *,
     state_axis: str | None = None,
+    state_memory_kind: str | None = None,
   ) -> Optimizer:
     """This optimizer with its state placed by `shardings` (``eqx.filter_shard``).
 
@@ -158,7 +163,14 @@ class Optimizer(eqx.Module):
       >>> opt.state.param_states[0].mu.weight.sharding.spec == P(None, 'data')
       True
     """
-    shardings = self.shardings(model, model_specs, mesh, logical_axis_rules, state_axis=state_axis)
+    shardings = self.shardings(
+      model,
+      model_specs,
+      mesh,
+      logical_axis_rules,
+      state_axis=state_axis,
+      state_memory_kind=state_memory_kind,
+    )
     return eqx.filter_shard(self, shardings)
 
 

@@ -51,11 +51,18 @@ def optimizer_shardings(
   logical_axis_rules: Sequence[tuple[str, Any]] | None = None,
   *,
   state_axis: str | None = None,
+  state_memory_kind: str | None = None,
 ) -> optcore.Optimizer:
   """``optimizer``'s `NamedSharding` objects on ``mesh`` by Flax's ``logical_axis_rules``;
-  ``state_axis`` (ZeRO-1) also splits every state leaf over that mesh axis."""
+  ``state_axis`` (ZeRO-1) also splits every state leaf over that mesh axis;
+  ``state_memory_kind="pinned_host"`` keeps the state in host memory between steps."""
   return optimizer.optimizer_def.derive_shardings(
-    optimizer, param_logical_axes(params), mesh, logical_axis_rules, state_axis=state_axis
+    optimizer,
+    param_logical_axes(params),
+    mesh,
+    logical_axis_rules,
+    state_axis=state_axis,
+    state_memory_kind=state_memory_kind,
   )
 
 
@@ -66,10 +73,12 @@ def create_sharded(
   logical_axis_rules: Sequence[tuple[str, Any]] | None = None,
   *,
   state_axis: str | None = None,
+  state_memory_kind: str | None = None,
 ) -> optcore.Optimizer:
   """An optimizer over the unboxed ``boxed_params``, created sharded by their
   Linen logical axes and Flax's ``logical_axis_rules``; ``state_axis`` (ZeRO-1)
-  also splits every state leaf over that mesh axis.
+  also splits every state leaf over that mesh axis, and
+  ``state_memory_kind="pinned_host"`` keeps the state in host memory between steps.
 
   Example:
     >>> import jax, jax.numpy as jnp, numpy as np, flax.linen as nn
@@ -85,7 +94,12 @@ def create_sharded(
   """
   axes = param_logical_axes(boxed_params)
   return optimizer_def.create_sharded(
-    nn.unbox(boxed_params), axes, mesh, logical_axis_rules, state_axis=state_axis
+    nn.unbox(boxed_params),
+    axes,
+    mesh,
+    logical_axis_rules,
+    state_axis=state_axis,
+    state_memory_kind=state_memory_kind,
   )
 
 

@@ -177,6 +177,7 @@ class Optimizer(to.Tree):
     logical_axis_rules: Sequence[tuple[str, tp.Any]] | None = None,
     *,
     state_axis: str | None = None,
+    state_memory_kind: str | None = None,
   ) -> Optimizer:
     """This optimizer's structure with a `NamedSharding` at every leaf (the
     optax state's, and the step where it keeps one).
@@ -184,8 +185,10 @@ class Optimizer(to.Tree):
     ``param_specs``: one `PartitionSpec` per parameter (mesh axes, or logical
     names mapped by ``logical_axis_rules``); None: the parameters are
     replicated. ``state_axis`` (ZeRO-1) also splits every state leaf over that
-    mesh axis, as `optcore.OptimizerDef.derive_shardings` does. Use it as a
-    jitted step's in and out shardings, or `shard`.
+    mesh axis, as `optcore.OptimizerDef.derive_shardings` does;
+    ``state_memory_kind="pinned_host"`` keeps every non-scalar state array in
+    host memory between steps (each `update` brings it to the device and
+    back). Use it as a jitted step's in and out shardings, or `shard`.
     """
     self._check_initialized()
     step = jnp.zeros((), jnp.int32) if self.step is None else self.step
@@ -197,6 +200,7 @@ class Optimizer(to.Tree):
       mesh,
       logical_axis_rules,
       state_axis=state_axis,
+      state_memory_kind=state_memory_kind,
     )
     module = to.copy(self)
     module.opt_state = shardings.param_states
@@ -211,6 +215,7 @@ class Optimizer(to.Tree):
     logical_axis_rules: Sequence[tuple[str, tp.Any]] | None = None,
     *,
     state_axis: str | None = None,
+    state_memory_kind: str | None = None,
   ) -> Optimizer:
     """A new optimizer with its state placed by `shardings`; this one is untouched.
 
@@ -225,7 +230,14 @@ class Optimizer(to.Tree):
       >>> optimizer.opt_state[0].mu['w'].sharding.spec == P('data', None)
       True
     """
-    shardings = self.shardings(params, param_specs, mesh, logical_axis_rules, state_axis=state_axis)
+    shardings = self.shardings(
+      params,
+      param_specs,
+      mesh,
+      logical_axis_rules,
+      state_axis=state_axis,
+      state_memory_kind=state_memory_kind,
+    )
     return jax.device_put(self, shardings)
 
   def _check_init_shapes(self, name: str, tree: PyTree) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 import optax
 
-from optcore._src import paths
+from optcore._src import paths, placement
 
 PyTree = Any
 
@@ -27,7 +27,11 @@ def as_optax(optimizer_def: Any) -> optax.GradientTransformationExtraArgs:
         f"{optimizer_def!r}.as_optax() computes new parameters, so it needs them: call "
         "tx.update(grads, state, params)."
       )
-    return optimizer_def.compute_updates(optimizer_def.hyper_params, params, state, updates)
+    state, on_host = placement.to_device(state)  # state_memory_kind="pinned_host"
+    updates, new_state = optimizer_def.compute_updates(
+      optimizer_def.hyper_params, params, state, updates
+    )
+    return updates, placement.to_host(new_state, on_host)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 

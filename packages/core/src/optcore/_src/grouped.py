@@ -257,6 +257,7 @@ class Grouped(OptimizerDef):
     logical_axis_rules: Sequence[tuple[str, Any]] | None = None,
     *,
     state_axis: str | None = None,
+    state_memory_kind: str | None = None,
   ) -> GroupedOptimizer:
     mesh = state_axes.required_mesh(mesh)
     packed, target_axes = self._target_axes(optimizer, param_logical_axes)
@@ -268,6 +269,7 @@ class Grouped(OptimizerDef):
       mesh,
       logical_axis_rules,
       state_axis,
+      state_memory_kind,
     )
     target = sharding.logical_to_mesh_sharding(target_axes, mesh, logical_axis_rules)
     shardings = GroupedOptimizer(self, state, target)

@@ -78,7 +78,8 @@ def state_shardings(
   axes of `state_logical_axes` mapped by ``logical_axis_rules`` (None: the
   axes name mesh axes already). ``param_axes`` None: the parameters are
   replicated. ``state_axis`` also splits every leaf over that mesh axis
-  (ZeRO-1, see `OptimizerDef.derive_shardings`). Raises `PartitionRuleError`
+  (ZeRO-1, see `OptimizerDef.derive_shardings`); ``state_memory_kind``
+  places every non-scalar leaf in that memory. Raises `PartitionRuleError`
   naming the first leaf whose dimension the mesh does not divide, and
   TypeError when ``mesh`` is None.
 
@@ -333,6 +334,14 @@ class ShardingMethods:
     holds 1/N of the state per device, for one all-gather of the updated
     parameters per step. Leaves it cannot split stay replicated and are logged.
 
+    ``state_memory_kind`` (``"pinned_host"``): every non-scalar state leaf
+    lives in that memory between steps; each step (every face's) brings it
+    to the device, computes and puts the new state back, inside ``jit``, for
+    the same numbers. The parameters and the scalar counters stay on the
+    device. A memory kind the mesh's devices lack raises ValueError listing
+    theirs; ``"unpinned_host"`` is refused (inside ``jit`` JAX cannot tell
+    it from device memory).
+
     Example:
       >>> import jax, jax.numpy as jnp, numpy as np
       >>> from jax.sharding import Mesh, PartitionSpec as P
@@ -367,8 +376,9 @@ class ShardingMethods:
   ) -> Optimizer:
     """Like `create`, with the target and every state leaf created sharded on
     ``mesh`` (``jit`` with ``out_shardings``): no device ever holds the
-    whole state. Raises `PartitionRuleError` naming the leaf whose dimension
-    the mesh does not divide.
+    whole state. ``state_axis`` and ``state_memory_kind`` as in
+    `derive_shardings`. Raises `PartitionRuleError` naming the leaf whose
+    dimension the mesh does not divide.
 
     Example:
       >>> import jax, jax.numpy as jnp, numpy as np
@@ -389,6 +399,16 @@ class ShardingMethods:
       True
       >>> opt.target['w'].sharding.spec == P(None, None)
       True
+
+    The state in host memory between steps (the step brings it over):
+
+      >>> opt = optcore.adam(1e-3).create_sharded(
+      ...     {'w': jnp.zeros((4, 2))}, mesh=mesh, state_memory_kind='pinned_host')
+      >>> opt.state.param_states[0].mu['w'].sharding.memory_kind
+      'pinned_host'
+      >>> opt = jax.jit(lambda o, g: o.apply_gradient(g))(opt, {'w': jnp.ones((4, 2))})
+      >>> opt.state.param_states[0].mu['w'].sharding.memory_kind
+      'pinned_host'
     """
     return create_sharded(
       self,

@@ -149,42 +149,70 @@ class Accumulate(_Wrapper):
     """Adds ``grads`` to the running mean; every ``every``-th call applies the
     wrapped definition to the mean (with this call's ``hyper_params``) and
     starts a new mean. The other calls return ``params`` as they are."""
+    if isinstance(self.optimizer_def, OptaxWrapper):
+      updates, new_state = self.compute_updates(hyper_params, params, state, grads, **extra_args)
+      return optax.apply_updates(params, updates), new_state
+    accumulated, mean, emit = self._mean(state, grads)
+    inner = OptimizerState(state.step, state.param_states.inner)
+    new_params, new_inner = self.optimizer_def.apply_gradient(
+      hyper_params, params, inner, mean, **extra_args
+    )
+    new_state = self._next(state, new_inner, accumulated, emit)
+    return jax.tree.map(_keep(emit), new_params, params), new_state
+
+  def compute_updates(
+    self,
+    hyper_params: Any,
+    params: PyTree | None,
+    state: OptimizerState,
+    grads: PyTree,
+    **extra_args: Any,
+  ) -> tuple[PyTree, OptimizerState]:
+    """``(updates, new_state)``: for a wrapped optax definition optax's own
+    updates on the applying call and zeros on the others, as MultiSteps gives
+    them (so `as_optax` is exact); else ``new_params - params``."""
+    if not isinstance(self.optimizer_def, OptaxWrapper):
+      return super().compute_updates(hyper_params, params, state, grads, **extra_args)
+    accumulated, mean, emit = self._mean(state, grads)
+    inner = OptimizerState(state.step, state.param_states.inner)
+    updates, new_inner = self.optimizer_def.compute_updates(
+      hyper_params, params, inner, mean, **extra_args
+    )
+    # MultiSteps' own product (a select rounds the step after it differently).
+    updates = jax.tree.map(lambda u: emit * u, updates)
+    return updates, self._next(state, new_inner, accumulated, emit)
+
+  def _mean(self, state: OptimizerState, grads: PyTree) -> tuple[PyTree, PyTree, jax.Array]:
+    """The running mean with ``grads`` in (in the accumulator's dtype), the
+    same in the gradients' dtypes for the wrapped update, and whether this
+    call applies it.
+
+    As MultiSteps does, the wrapped update is computed on every call and kept
+    on the applying one: under ``lax.cond`` XLA compiles the branch apart from
+    the rest of the step, and its rounding then differs from MultiSteps'."""
     acc = state.param_states
     n = acc.mini_step
-    treedef = jax.tree.structure(params)
+    treedef = jax.tree.structure(grads)
     # optax.MultiSteps' running mean, to the bit: acc + (g - acc) / (n + 1).
-    accumulated = treedef.unflatten(
-      [
-        a + (g - a) / (n + 1)
-        for a, g in zip(
-          treedef.flatten_up_to(acc.accumulated), treedef.flatten_up_to(grads), strict=True
-        )
-      ]
-    )
-
-    # As MultiSteps does, the wrapped update is computed on every call and kept
-    # on the applying one (jnp.where, not lax.cond: XLA fuses a conditional's
-    # branch apart from the rest of the step, and its rounding then differs
-    # from MultiSteps' in the last bit).
-    emit = n == self.every - 1
+    pairs = zip(treedef.flatten_up_to(acc.accumulated), jax.tree.leaves(grads), strict=True)
+    accumulated = treedef.unflatten([a + (g - a) / (n + 1) for a, g in pairs])
     mean = jax.tree.map(lambda a, g: a.astype(jnp.result_type(g)), accumulated, grads)
-    inner = OptimizerState(state.step, acc.inner)
-    keep = lambda new, old: jnp.where(emit, new, old).astype(jnp.result_type(old))
-    if isinstance(self.optimizer_def, OptaxWrapper):
-      # optax's updates, applied as MultiSteps applies them (zero on the other calls).
-      updates, new_inner = self.optimizer_def.compute_updates(
-        hyper_params, params, inner, mean, **extra_args
-      )
-      new_params = optax.apply_updates(params, jax.tree.map(lambda u: emit * u, updates))
-    else:
-      new_params, new_inner = self.optimizer_def.apply_gradient(
-        hyper_params, params, inner, mean, **extra_args
-      )
-      new_params = jax.tree.map(keep, new_params, params)
-    inner = jax.tree.map(keep, new_inner, inner)
+    return accumulated, mean, n == self.every - 1
+
+  def _next(
+    self,
+    state: OptimizerState,
+    new_inner: OptimizerState,
+    accumulated: PyTree,
+    emit: jax.Array,
+  ) -> OptimizerState:
+    """The state after this call: the wrapped state advanced if it applied,
+    the mean started over if it applied."""
+    acc = state.param_states
+    inner = jax.tree.map(_keep(emit), new_inner, OptimizerState(state.step, acc.inner))
     accumulated = jax.tree.map(lambda a: jnp.where(emit, jnp.zeros_like(a), a), accumulated)
-    new_acc = AccumulateState(inner.param_states, accumulated, (n + 1) % self.every)
-    return new_params, OptimizerState(inner.step, new_acc)
+    new_acc = AccumulateState(inner.param_states, accumulated, (acc.mini_step + 1) % self.every)
+    return OptimizerState(inner.step, new_acc)
 
   def derive_param_states_axes(self, param_states: Any, params: PyTree, params_axes: PyTree):
     inner = self.optimizer_def.derive_param_states_axes(param_states.inner, params, params_axes)
@@ -328,6 +356,11 @@ class MixedPrecision(_Wrapper):
       if value is not None:
         parts.append(f"{name}=jnp.{jnp.dtype(value).name}")
     return f"mixed_precision({', '.join(parts)})"
+
+
+def _keep(emit: jax.Array):
+  """new where ``emit``, else old, in old's dtype."""
+  return lambda new, old: jnp.where(emit, new, old).astype(jnp.result_type(old))
 
 
 def _is_real_float(x: Any) -> bool:
