@@ -1,8 +1,9 @@
 """Two processes x two CPU devices on 127.0.0.1, one 4-device mesh: sharded
 Adam and Adafactor, and Adam with replicated parameters and its state split
-(ZeRO-1), give the same results as one process with four devices (Adam
-bitwise; Adafactor, whose factored means reduce across processes, to allclose
-1e-6)."""
+(ZeRO-1), and accumulate over mixed_precision with ZeRO-1 and the state in
+pinned host memory, give the same results as one process with four devices
+(Adam and the at-scale stack bitwise; Adafactor, whose factored means reduce
+across processes, to allclose 1e-6)."""
 
 from __future__ import annotations
 
@@ -70,9 +71,9 @@ def test_two_processes_equal_one_process(tmp_path):
     assert sorted(got.files) == sorted(want.files)
     assert any(k.startswith("adafactor") and "v_col" in k for k in got.files)
     for key in want.files:
-      if key.startswith("local_bytes:"):
+      if key.startswith(("local_bytes:", "memory_kind:")):
         continue
-      if key.startswith(("adam.", "zero1_adam.")):  # elementwise: bitwise identical
+      if key.startswith(("adam.", "zero1_adam.", "at_scale.")):  # elementwise: bitwise identical
         np.testing.assert_array_equal(got[key], want[key], err_msg=key)
       elif got[key].dtype.kind == "f":
         # Adafactor's row/column means and RMS reduce across the processes; gloo
@@ -89,3 +90,16 @@ def test_two_processes_equal_one_process(tmp_path):
     assert int(got[zero1_mu]) * 2 == int(want[zero1_mu]) == 16 * 32 * 4
     zero1_kernel = "local_bytes:zero1_adam.target['dense']['kernel']"
     assert int(got[zero1_kernel]) * 2 == int(want[zero1_kernel]) == 4 * 16 * 32 * 4
+    # The at-scale stack: its state in pinned host memory in both runs, split
+    # over the processes; the float32 master copy halved per process too.
+    master = "at_scale.state.param_states.inner.master['dense']['kernel']"
+    assert got[master].dtype == np.float32 and int(got["at_scale.state.step"]) == 1
+    assert int(got[f"local_bytes:{master}"]) * 2 == int(want[f"local_bytes:{master}"])
+    for run in (got, want):
+      kinds = {
+        str(run[k])
+        for k in run.files
+        if k.startswith("memory_kind:at_scale.state.param_states") and run[k[12:]].ndim
+      }
+      assert kinds == {"pinned_host"}, kinds
+      assert str(run["memory_kind:at_scale.target['dense']['kernel']"]) == "device"
