@@ -13,7 +13,7 @@ from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 FACES = ("core", "flax", "equinox", "treex")
-REPORTS = ("suite", "equinox_step", "state_memory", "zero1", "grouped")
+REPORTS = ("suite", "equinox_step", "state_memory", "zero1", "grouped", "training_at_scale")
 GROUPED_LABELS = {
   "grouped": "grouped step",
   "grouped_one_buffer": "one buffer",
@@ -108,10 +108,38 @@ def plot_grouped(report: dict, out: Path) -> None:
   plt.close(fig)
 
 
+def plot_master_weights(report: dict, out: Path) -> None:
+  """benchmarks/training_at_scale.py's loss curves: the demo trained with float32 parameters,
+  bfloat16 parameters, and bfloat16 parameters with float32 master copies (log scale)."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, ax = plt.subplots(figsize=(7, 3.6), dpi=120)
+  styles = {"float32": {"color": "0.3", "lw": 2.5, "alpha": 0.5}}
+  for name, losses in report["curves"].items():
+    ax.plot(range(1, len(losses) + 1), losses, label=name, **styles.get(name, {"lw": 1.2}))
+  ax.set_yscale("log")
+  ax.set_xlabel("step")
+  ax.set_ylabel("training loss")
+  ax.legend(fontsize=8)
+  ax.set_title(
+    "The demo MLP with bfloat16 parameters: optcore.mixed_precision(master_dtype=float32)",
+    fontsize=9,
+  )
+  fig.tight_layout()
+  out.parent.mkdir(parents=True, exist_ok=True)
+  fig.savefig(out)
+  plt.close(fig)
+
+
 def _render(app) -> None:
   generated = Path(app.srcdir) / "_generated"
   plot_step_ratios(load_suite(), generated / "step_ratios.png")
   plot_grouped(json.loads((RESULTS / "grouped.json").read_text()), generated / "grouped.png")
+  at_scale = json.loads((RESULTS / "training_at_scale.json").read_text())
+  plot_master_weights(at_scale, generated / "master_weights.png")
 
 
 def setup(app):

@@ -29,13 +29,12 @@ def main(process_id: int, num_processes: int, port: int, out: str) -> None:
       process_id=process_id,
       initialization_timeout=120,
     )
+  import jax.numpy as jnp
   import numpy as np
   from jax.experimental import multihost_utils
   from jax.sharding import Mesh
   from optimizer_catalogue import loss_fn
   from sharding_setup import AXES, RULES, make_params
-
-  import jax.numpy as jnp
 
   import optcore
 
