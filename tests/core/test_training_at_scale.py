@@ -415,3 +415,44 @@ def test_config_form_and_errors():
         "optimizer": {"name": "adam", "learning_rate": 1.0},
       }
     )
+
+
+def test_mixed_precision_inside_a_multioptimizer_group():
+  params = {"kernel": jnp.ones((3, 2), jnp.bfloat16), "bias": jnp.zeros(2)}
+  mixed = optcore.mixed_precision(optcore.adam(1e-2), master_dtype=jnp.float32)
+  opt_def = optcore.MultiOptimizer(("kernel", mixed), ("bias", optcore.sgd(0.1)))
+  opt = opt_def.create(params)
+  g = {"kernel": jnp.ones((3, 2), jnp.bfloat16), "bias": jnp.ones(2)}
+  for _ in range(3):
+    opt = jax.jit(lambda o, g: o.apply_gradient(g))(opt, g)
+  alone = mixed.create({"kernel": params["kernel"]})
+  for _ in range(3):
+    alone = jax.jit(lambda o, g: o.apply_gradient(g))(alone, {"kernel": g["kernel"]})
+  assert_bitwise(opt.target["kernel"], alone.target["kernel"])
+  restored = opt_def.create(params).restore_state(opt.state_dict())
+  assert_bitwise(restored.state, opt.state)
+
+
+def test_a_legacy_state_with_no_master_copy_round_trips():
+  opt_def = optcore.mixed_precision(
+    legacy.Adam(1e-2), state_dtype=jnp.bfloat16, master_dtype=jnp.float32
+  )
+  params = make_params()  # float32: no master copy anywhere
+  opt = opt_def.create(params).apply_gradient(grads_at(0, params))
+  assert jax.tree.leaves(opt.state.param_states.master) == []
+  restored = opt_def.create(params).restore_state(opt.state_dict())
+  assert_bitwise(restored.state, opt.state)
+  assert_bitwise(restored.target, opt.target)
+
+
+def test_a_grouped_definition_keeps_its_buffers_state_in_host_memory():
+  params = make_params()
+  opt_def = optcore.grouped(optcore.adam(1e-2))
+  host = opt_def.create_sharded(params, mesh=one_device_mesh(), state_memory_kind="pinned_host")
+  device = opt_def.create_sharded(params, mesh=one_device_mesh())
+  step = jax.jit(lambda o, g: o.apply_gradient(g))
+  for i in range(2):
+    host, device = step(host, grads_at(i, params)), step(device, grads_at(i, params))
+  kinds = {x.sharding.memory_kind for x in jax.tree.leaves(host.packed_state) if x.ndim}
+  assert kinds == {"pinned_host"}
+  assert_bitwise(host.target, device.target)
