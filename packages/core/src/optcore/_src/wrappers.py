@@ -78,9 +78,9 @@ class _Wrapper(OptimizerDef):
     if optimizer_def.groups_parameters:
       raise TypeError(
         f"{self.name}({optimizer_def.display_name()}) is not possible: grouped keeps the "
-        f"parameters in its own layout. Group the whole instead: "
-        f"optcore.grouped({self.name}(...)) is not supported either, so use the ungrouped "
-        "definition."
+        f"parameters in buffers of its own layout, and {self.name}'s state follows the "
+        f"parameters' layout. Wrap the ungrouped definition: "
+        f"{self.name}({getattr(optimizer_def, 'optimizer_def', optimizer_def)!r}, ...)."
       )
     if isinstance(optimizer_def, type(self)):
       raise TypeError(
