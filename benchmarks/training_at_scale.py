@@ -175,7 +175,9 @@ def measure_steps(rounds: int, steps: int, quick: bool) -> tuple[list[dict], dic
       f"{row['base_ms']:.2f} ms; state bytes {row['bytes']} vs {row['base_bytes']}"
     )
   total = sum(x.size for x in jax.tree.leaves(params))
-  return rows, {"params": total, "device": f"{device.device_kind} ({device.platform})"}
+  kind = device.device_kind
+  name = kind if kind == device.platform else f"{kind} ({device.platform})"
+  return rows, {"params": total, "device": name}
 
 
 def loss_curves(steps: int) -> dict[str, list[float]]:
