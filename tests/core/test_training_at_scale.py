@@ -165,6 +165,12 @@ def test_accumulate_partition_rules_cover_its_state():
     ),
     (lambda: optcore.accumulate(optcore.sgd(0.1), every=2, dtype=jnp.int32), "dtype"),
     (
+      lambda: optcore.accumulate(
+        optcore.contrib.dpsgd(0.1, l2_norm_clip=1.0, noise_multiplier=0.1, seed=0), every=2
+      ),
+      "per-example gradients",
+    ),
+    (
       lambda: optcore.accumulate(optcore.grouped(optcore.sgd(0.1)), every=2),
       r"accumulate\(grouped\(sgd\)\)",
     ),

@@ -126,6 +126,13 @@ class Accumulate(_Wrapper):
       )
     self.dtype = _floating_dtype("accumulate", "dtype", dtype)
     super().__init__(optimizer_def)
+    if optimizer_def.per_example_gradients:
+      raise TypeError(
+        f"accumulate({optimizer_def.display_name()}) is not possible: it takes per-example "
+        "gradients (a leading axis of examples) and clips and noises each step's examples "
+        "itself, so a mean of gradients over steps is not its input. Give it more examples per "
+        "step instead."
+      )
     self.every = int(every)
 
   def _twice_hint(self) -> str:
