@@ -21,7 +21,9 @@ its own optimizer object, through its public API only:
   filled state (`state_dict_bytes.py`);
 - ``create_sharded(opt_def, params, mesh, **placement)``: a handle whose state
   is placed through the face's own shard method (``state_axis``,
-  ``state_memory_kind``), the parameters replicated.
+  ``state_memory_kind``), the parameters replicated;
+- ``ema_params(handle)``: the moving average an `optcore.ema` definition
+  keeps, through the face's own accessor, as a plain dict.
 
 The framework imports are inside the functions: the core's venv, which has
 none of them, can still import this module (and the face list).
@@ -56,6 +58,7 @@ class Face:
   jit: Callable[[Callable], Callable] = jax.jit
   updates: Callable[[PyTree, dict, dict], dict] | None = None
   create_sharded: Callable[..., PyTree] | None = None
+  ema_params: Callable[[PyTree], dict] | None = None
 
   def __repr__(self) -> str:
     return self.name
@@ -81,6 +84,7 @@ CORE = Face(
   create_sharded=lambda opt_def, params, mesh, **kw: opt_def.create_sharded(
     params, mesh=mesh, **kw
   ),
+  ema_params=lambda opt: opt.ema_params,
 )
 
 
@@ -141,6 +145,7 @@ FLAX = Face(
   restore=_flax_restore,
   fingerprint=_flax_fingerprint,
   create_sharded=_flax_create_sharded,
+  ema_params=lambda opt: _unfreeze(opt.ema_params),
 )
 
 
@@ -216,6 +221,7 @@ EQUINOX = Face(
   fingerprint=_eqx_fingerprint,
   jit=_eqx_jit,
   create_sharded=_eqx_create_sharded,
+  ema_params=lambda handle: _fields(handle[1].ema_params(handle[0])),
 )
 
 
@@ -287,6 +293,7 @@ TREEX = Face(
   fingerprint=_treex_fingerprint,
   updates=_treex_updates,
   create_sharded=_treex_create_sharded,
+  ema_params=lambda handle: _fields(handle[1].ema_params),
 )
 
 
@@ -348,6 +355,7 @@ ADAPTER = Face(
   jit=_adapter_jit,
   updates=_adapter_updates,
   create_sharded=_adapter_create_sharded,
+  ema_params=lambda handle: handle[0].ema_params(handle[2]),
 )
 
 

@@ -96,9 +96,12 @@ from optcore._src.traversal import register_selector_type as register_selector_t
 from optcore._src.traversal import selector_mask as selector_mask
 from optcore._src.wrappers import Accumulate as Accumulate
 from optcore._src.wrappers import AccumulateState as AccumulateState
+from optcore._src.wrappers import Ema as Ema
+from optcore._src.wrappers import EmaState as EmaState
 from optcore._src.wrappers import MixedPrecision as MixedPrecision
 from optcore._src.wrappers import MixedPrecisionState as MixedPrecisionState
 from optcore._src.wrappers import accumulate as accumulate
+from optcore._src.wrappers import ema as ema
 from optcore._src.wrappers import mixed_precision as mixed_precision
 from optcore.contrib import CONTRIB_OPTIMIZERS as _CONTRIB_OPTIMIZERS
 
@@ -131,6 +134,8 @@ __all__ = [
   "OPTAX_ALIASES",
   "Accumulate",
   "AccumulateState",
+  "Ema",
+  "EmaState",
   "Grouped",
   "GroupedOptimizer",
   "GroupedParams",
@@ -167,6 +172,7 @@ __all__ = [
   "config",
   "contrib",
   "derive_optax_logical_axes",
+  "ema",
   "from_state_dict",
   "fromage",
   "grouped",

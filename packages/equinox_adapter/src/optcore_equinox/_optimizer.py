@@ -68,6 +68,25 @@ class Optimizer(eqx.Module):
     """The leaves of ``model`` this optimizer updates (None elsewhere)."""
     return eqx.filter(model, self.wrt)
 
+  def ema_params(self, model: PyTree) -> PyTree:
+    """``model`` with each optimised leaf replaced by its moving average, as an
+    `optcore.ema` definition keeps it (the other leaves are ``model``'s);
+    TypeError for any other definition.
+
+    Example:
+      >>> import equinox as eqx, jax, jax.numpy as jnp
+      >>> import optcore, optcore_equinox
+      >>> model = eqx.nn.Linear(2, 1, key=jax.random.key(0))
+      >>> opt = optcore_equinox.Optimizer(optcore.ema(optcore.sgd(0.1), decay=0.9), model)
+      >>> grads = jax.tree.map(jnp.ones_like, model)
+      >>> new_model, opt = opt.update(grads, model)
+      >>> averaged = opt.ema_params(new_model)
+      >>> bool(jnp.allclose(averaged.bias, 0.9 * model.bias + 0.1 * new_model.bias))
+      True
+    """
+    _, static = eqx.partition(model, self.wrt)
+    return eqx.combine(self.optimizer_def.ema_params(self.state), static)
+
   def update(
     self, grads: PyTree, model: PyTree, *, extra_args: Mapping[str, Any] | None = None, **overrides
   ) -> tuple[PyTree, Optimizer]:

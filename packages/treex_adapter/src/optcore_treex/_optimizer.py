@@ -84,6 +84,24 @@ class Optimizer(to.Tree):
     self._check_initialized()
     return optcore.OptimizerState(self._step(), self.opt_state)
 
+  @property
+  def ema_params(self) -> PyTree:
+    """The moving average of the parameters an `optcore.ema` definition keeps,
+    in the structure of the parameters given to `init`; TypeError for any
+    other definition.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> import optcore, optcore_treex
+      >>> params = {'w': jnp.zeros(1)}
+      >>> optimizer = optcore_treex.Optimizer(optcore.ema(optcore.sgd(1.0), decay=0.5))
+      >>> optimizer = optimizer.init(params)
+      >>> params = optimizer.update({'w': jnp.ones(1)}, params)
+      >>> params['w'], optimizer.ema_params['w']
+      (Array([-1.], dtype=float32), Array([-0.5], dtype=float32))
+    """
+    return self.optimizer_def.ema_params(self.state)
+
   def init(self, params: PyTree) -> Optimizer:
     """A new optimizer initialised for ``params``; this one is not changed."""
     module = to.copy(self)

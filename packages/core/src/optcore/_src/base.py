@@ -200,6 +200,16 @@ class OptimizerDef(
       "each element reads only that element says so with elementwise = True"
     )
 
+  def ema_params(self, state: OptimizerState) -> PyTree:
+    """The moving average of the parameters that `ema` keeps in ``state``.
+
+    Raises TypeError for a definition that keeps none (wrap it: ``optcore.ema(opt_def)``).
+    """
+    raise TypeError(
+      f"{self.display_name()} keeps no moving average of the parameters: wrap the definition, "
+      f"optcore.ema({self!r}, decay=0.999), to keep one"
+    )
+
   def display_name(self) -> str:
     """The name errors and warnings use: the class's, or the optax alias it wraps."""
     return type(self).__name__

@@ -24,7 +24,7 @@ from optcore._src.grouped import Grouped
 from optcore._src.hyper_params import static_key
 from optcore._src.multi_optimizer import MultiOptimizer
 from optcore._src.optax_wrapper import OptaxWrapper, chain
-from optcore._src.wrappers import Accumulate, MixedPrecision
+from optcore._src.wrappers import Accumulate, Ema, MixedPrecision
 
 
 class ConfigError(ValueError):
@@ -155,6 +155,13 @@ def to_config(opt_def: OptimizerDef) -> dict[str, Any]:
       if getattr(opt_def, k) is not None
     }
     return {"name": "mixed_precision", **dtypes, "optimizer": to_config(opt_def.optimizer_def)}
+  if isinstance(opt_def, Ema):
+    args = {"decay": opt_def.decay}
+    if opt_def.debias:
+      args["debias"] = True
+    if opt_def.dtype is not None:
+      args["dtype"] = jnp.dtype(opt_def.dtype).name
+    return {"name": "ema", **args, "optimizer": to_config(opt_def.optimizer_def)}
   if isinstance(opt_def, OptaxWrapper):
     if opt_def.factory is None:
       raise ConfigError(f"{opt_def!r} wraps a ready optax transformation: it has no config")
@@ -390,6 +397,7 @@ def _grouped(args: Mapping[str, Any], path: str) -> Grouped:
 _WRAPPERS: dict[str, tuple[set[str], set[str], Any]] = {
   "accumulate": ({"every"}, {"dtype"}, Accumulate),
   "mixed_precision": (set(), {"state_dtype", "master_dtype"}, MixedPrecision),
+  "ema": (set(), {"decay", "debias", "dtype"}, Ema),
 }
 
 

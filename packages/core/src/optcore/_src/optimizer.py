@@ -150,6 +150,12 @@ class Optimizer(Generic[T]):
       raise ValueError("Cannot unreplicate an optimizer that is not replicated.")
     return jax.tree.map(lambda x: x[0], self).replace(optimizer_def=inner)
 
+  @property
+  def ema_params(self) -> T:
+    """The moving average of the target that an `optcore.ema` definition
+    keeps, in the target's structure; TypeError for any other definition."""
+    return self.optimizer_def.ema_params(self.state)
+
   def state_dict(self) -> dict[str, Any]:
     """The state dict in Flax's layout: ``{'target': ..., 'state': ...}``."""
     return self.optimizer_def.state_dict(self.target, self.state)
