@@ -23,7 +23,8 @@ its own optimizer object, through its public API only:
   is placed through the face's own shard method (``state_axis``,
   ``state_memory_kind``), the parameters replicated;
 - ``ema_params(handle)``: the moving average an `optcore.ema` definition
-  keeps, through the face's own accessor, as a plain dict.
+  keeps, through the face's own accessor, as a plain dict;
+- ``current_hyper_params(handle)``: the face's own ``current_hyper_params()``.
 
 The framework imports are inside the functions: the core's venv, which has
 none of them, can still import this module (and the face list).
@@ -59,6 +60,7 @@ class Face:
   updates: Callable[[PyTree, dict, dict], dict] | None = None
   create_sharded: Callable[..., PyTree] | None = None
   ema_params: Callable[[PyTree], dict] | None = None
+  current_hyper_params: Callable[[PyTree], dict] | None = None
 
   def __repr__(self) -> str:
     return self.name
@@ -85,6 +87,7 @@ CORE = Face(
     params, mesh=mesh, **kw
   ),
   ema_params=lambda opt: opt.ema_params,
+  current_hyper_params=lambda opt: opt.current_hyper_params(),
 )
 
 
@@ -146,6 +149,7 @@ FLAX = Face(
   fingerprint=_flax_fingerprint,
   create_sharded=_flax_create_sharded,
   ema_params=lambda opt: _unfreeze(opt.ema_params),
+  current_hyper_params=lambda opt: opt.current_hyper_params(),
 )
 
 
@@ -222,6 +226,7 @@ EQUINOX = Face(
   jit=_eqx_jit,
   create_sharded=_eqx_create_sharded,
   ema_params=lambda handle: _fields(handle[1].ema_params(handle[0])),
+  current_hyper_params=lambda handle: handle[1].current_hyper_params(),
 )
 
 
@@ -294,6 +299,7 @@ TREEX = Face(
   updates=_treex_updates,
   create_sharded=_treex_create_sharded,
   ema_params=lambda handle: _fields(handle[1].ema_params),
+  current_hyper_params=lambda handle: handle[1].current_hyper_params(),
 )
 
 
@@ -356,6 +362,7 @@ ADAPTER = Face(
   updates=_adapter_updates,
   create_sharded=_adapter_create_sharded,
   ema_params=lambda handle: handle[0].ema_params(handle[2]),
+  current_hyper_params=lambda handle: handle[0].current_hyper_params(handle[2]),
 )
 
 

@@ -68,6 +68,24 @@ class Optimizer(eqx.Module):
     """The leaves of ``model`` this optimizer updates (None elsewhere)."""
     return eqx.filter(model, self.wrt)
 
+  def current_hyper_params(self) -> dict[str, jax.Array]:
+    """The hyper-parameters the next `update` takes unless overridden, for
+    logging: a flat dict of scalar arrays, schedules evaluated at this step
+    (see `optcore.OptimizerDef.current_hyper_params`); works under
+    ``eqx.filter_jit``.
+
+    Example:
+      >>> import equinox as eqx, jax, optax
+      >>> import optcore, optcore_equinox
+      >>> model = eqx.nn.Linear(2, 1, key=jax.random.key(0))
+      >>> schedule = optax.linear_schedule(1e-2, 0.0, 100)
+      >>> opt = optcore_equinox.Optimizer(optcore.adamw(schedule, weight_decay=0.1), model)
+      >>> hyper_params = opt.current_hyper_params()
+      >>> [round(float(hyper_params[k]), 6) for k in ('learning_rate', 'weight_decay')]
+      [0.01, 0.1]
+    """
+    return self.optimizer_def.current_hyper_params(self.state)
+
   def ema_params(self, model: PyTree) -> PyTree:
     """``model`` with each optimised leaf replaced by its moving average, as an
     `optcore.ema` definition keeps it (the other leaves are ``model``'s);

@@ -84,6 +84,24 @@ class Optimizer(to.Tree):
     self._check_initialized()
     return optcore.OptimizerState(self._step(), self.opt_state)
 
+  def current_hyper_params(self) -> dict[str, jax.Array]:
+    """The hyper-parameters the next `update` takes unless overridden, for
+    logging: a flat dict of scalar arrays, schedules evaluated at this step
+    (see `optcore.OptimizerDef.current_hyper_params`); works inside ``jit``.
+
+    Example:
+      >>> import jax.numpy as jnp, optax
+      >>> import optcore, optcore_treex
+      >>> params = {'w': jnp.zeros(1)}
+      >>> optimizer = optcore_treex.Optimizer(optcore.sgd(optax.exponential_decay(1.0, 1, 0.5)))
+      >>> optimizer = optimizer.init(params)
+      >>> params = optimizer.update({'w': jnp.ones(1)}, params)
+      >>> optimizer.current_hyper_params()
+      {'learning_rate': Array(0.5, dtype=float32)}
+    """
+    self._check_initialized()
+    return self.optimizer_def.current_hyper_params(self.state)
+
   @property
   def ema_params(self) -> PyTree:
     """The moving average of the parameters an `optcore.ema` definition keeps,

@@ -15,10 +15,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import optax
 
 from optcore._src import export, overrides, paths, serialization, state_axes
 from optcore._src.checks import check_float_params, check_learning_rate
-from optcore._src.hyper_params import HyperParams, StaticConfig, at_step
+from optcore._src.hyper_params import HyperParams, StaticConfig, at_step, current_values
 from optcore._src.optimizer import Optimizer, OptimizerState, replicated
 
 PyTree = Any
@@ -200,6 +201,25 @@ class OptimizerDef(
       "each element reads only that element says so with elementwise = True"
     )
 
+  def current_hyper_params(self, state: OptimizerState) -> dict[str, jax.Array]:
+    """The hyper-parameters the next step takes unless overridden, as a flat
+    dict of scalar arrays: schedules evaluated at ``state.step``, numbers as
+    they are; flags and other static settings are left out. A
+    `MultiOptimizer`'s are per group (``'0/learning_rate'``). Traceable: inside
+    ``jit`` a schedule's value changes with the step without a recompile.
+    ``state`` may also be the optax state of a wrapped optax definition's
+    ``as_optax()`` (a TrainState's ``opt_state``): its ``count`` is the step.
+
+    Example:
+      >>> import optax
+      >>> import optcore
+      >>> opt_def = optcore.adam(optax.linear_schedule(1.0, 0.0, 10))
+      >>> opt_def.current_hyper_params(opt_def.init_state({'w': optax.tree.zeros_like(1.0)}))[
+      ...     'learning_rate']
+      Array(1., dtype=float32)
+    """
+    return current_values(self.hyper_params, _step_of(self, state))
+
   def ema_params(self, state: OptimizerState) -> PyTree:
     """The moving average of the parameters that `ema` keeps in ``state``.
 
@@ -255,6 +275,20 @@ class OptimizerDef(
   def __repr__(self) -> str:
     inner = ", ".join(f"{k}={v!r}" for k, v in self.hyper_params.items())
     return f"{type(self).__name__}({inner})"
+
+
+def _step_of(optimizer_def: OptimizerDef, state: Any) -> Any:
+  """The step count of ``state``: an `OptimizerState`'s, or for the raw optax
+  state a wrapped optax definition's ``as_optax()`` keeps, optax's ``count``."""
+  if isinstance(state, OptimizerState):
+    return state.step
+  counts = optax.tree_utils.tree_get_all_with_path(state, "count")
+  if counts:
+    return counts[0][1]
+  raise TypeError(
+    f"{optimizer_def.display_name()}: found no step count in {type(state).__name__}; pass "
+    "the optimizer's OptimizerState (opt.state, or the opt_state of its as_optax())"
+  )
 
 
 def _register_static(cls: type) -> None:

@@ -44,6 +44,41 @@ def at_step(hyper_params: Any, step: Any) -> Any:
   return hyper_params.replace(**scheduled) if scheduled else hyper_params
 
 
+def current_values(hyper_params: Any, step: Any, prefix: str = "") -> dict[str, jax.Array]:
+  """The numeric hyper-parameters of ``hyper_params`` at ``step``, flat, as arrays.
+
+  Schedules are evaluated at ``step``; numbers and scalar arrays are kept;
+  flags, None, dtypes and other static settings are left out. Nested records
+  are flattened with ``/``: a `MultiOptimizer`'s groups as ``0/learning_rate``,
+  a chain's wrapped definitions as ``transformations/1/learning_rate``.
+
+  Example:
+    >>> import optcore
+    >>> from optcore._src.hyper_params import current_values
+    >>> hp = optcore.HyperParams(learning_rate=lambda count: 0.5**count, beta=0.9, nesterov=False)
+    >>> {k: round(float(v), 6) for k, v in current_values(hp, 3).items()}
+    {'learning_rate': 0.125, 'beta': 0.9}
+  """
+  if isinstance(hyper_params, Mapping):
+    items = hyper_params.items()
+  elif type(hyper_params) in (list, tuple):  # not a NamedTuple (an optax transformation)
+    items = enumerate(hyper_params)
+  elif hasattr(hyper_params, "hyper_params") and hasattr(hyper_params, "init_state"):
+    return current_values(hyper_params.hyper_params, step, prefix)  # a wrapped definition
+  else:
+    return {}
+  out: dict[str, jax.Array] = {}
+  for key, value in items:
+    name = f"{prefix}{key}"
+    if is_schedule(value):
+      value = value(step)
+    if is_numeric(value) and np.ndim(value) == 0:
+      out[name] = jax.numpy.asarray(value)
+    elif not is_numeric(value):
+      out.update(current_values(value, step, f"{name}/"))
+  return out
+
+
 def static_key(value: Any, _seen: frozenset = frozenset()) -> Any:
   """A hashable stand-in for ``value`` that compares equal for equal configs.
 

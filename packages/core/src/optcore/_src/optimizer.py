@@ -150,6 +150,22 @@ class Optimizer(Generic[T]):
       raise ValueError("Cannot unreplicate an optimizer that is not replicated.")
     return jax.tree.map(lambda x: x[0], self).replace(optimizer_def=inner)
 
+  def current_hyper_params(self) -> dict[str, jax.Array]:
+    """The hyper-parameters the next `apply_gradient` takes unless overridden,
+    for logging: a flat dict of scalar arrays, schedules evaluated at this
+    step, per group for a `MultiOptimizer` (``'0/learning_rate'``). Works
+    inside ``jit``; a schedule's value changes without a recompile.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, optax
+      >>> import optcore
+      >>> opt = optcore.sgd(optax.exponential_decay(1.0, 1, 0.5)).create({'w': jnp.ones(1)})
+      >>> opt = opt.apply_gradient({'w': jnp.ones(1)}).apply_gradient({'w': jnp.ones(1)})
+      >>> jax.jit(lambda o: o.current_hyper_params())(opt)
+      {'learning_rate': Array(0.25, dtype=float32)}
+    """
+    return self.optimizer_def.current_hyper_params(self.state)
+
   @property
   def ema_params(self) -> T:
     """The moving average of the target that an `optcore.ema` definition
