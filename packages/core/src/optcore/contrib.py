@@ -17,6 +17,7 @@ Example:
 
 import optax.contrib as _contrib
 
+from optcore._src.matrix_axes import muon_with_axes as _muon_with_axes
 from optcore._src.optax_wrapper import wrap_optax_optimizer as _wrap
 from optcore._src.optax_wrapper import wrapped_names as _wrapped_names
 
@@ -33,7 +34,7 @@ madgrad = _wrap(_contrib.madgrad, name="contrib.madgrad")
 mechanize = _wrap(_contrib.mechanize, name="contrib.mechanize")
 momo = _wrap(_contrib.momo, name="contrib.momo")
 momo_adam = _wrap(_contrib.momo_adam, name="contrib.momo_adam")
-muon = _wrap(_contrib.muon, name="contrib.muon")
+muon = _wrap(_muon_with_axes, name="contrib.muon")
 prodigy = _wrap(_contrib.prodigy, name="contrib.prodigy")
 sam = _wrap(_contrib.sam, name="contrib.sam")
 schedule_free = _wrap(_contrib.schedule_free, name="contrib.schedule_free")

@@ -16,6 +16,8 @@ Example:
   True
 """
 
+from optcore._src.matrix_axes import MATRIX_AXIS_RULES as MATRIX_AXIS_RULES
+from optcore._src.matrix_axes import muon_dimension_numbers as muon_dimension_numbers
 from optcore._src.partition_rules import OptaxStatePartitionRules as OptaxStatePartitionRules
 from optcore._src.partition_rules import PartitionRuleError as PartitionRuleError
 from optcore._src.partition_rules import derive_normalized as derive_normalized
@@ -33,6 +35,7 @@ from optcore._src.sharding import logical_to_mesh_axes as logical_to_mesh_axes
 from optcore._src.sharding import logical_to_mesh_sharding as logical_to_mesh_sharding
 
 __all__ = [
+  "MATRIX_AXIS_RULES",
   "LogicalAxisRules",
   "OptaxStatePartitionRules",
   "PartitionRuleError",
@@ -44,6 +47,7 @@ __all__ = [
   "logical_to_mesh_axes",
   "logical_to_mesh_sharding",
   "map_params",
+  "muon_dimension_numbers",
   "normalize_param_axes",
   "register_state_rule",
   "replicated",

@@ -201,6 +201,13 @@ class OptimizerDef(
       "each element reads only that element says so with elementwise = True"
     )
 
+  def with_param_logical_axes(self, param_logical_axes: PyTree) -> OptimizerDef:
+    """This definition told the parameters' logical axes, for one that reads
+    them (`optcore.contrib.muon`'s matrix dimensions); `create_sharded` calls
+    it with its axes. A definition that reads none, or has its own, is
+    returned as it is."""
+    return self
+
   def current_hyper_params(self, state: OptimizerState) -> dict[str, jax.Array]:
     """The hyper-parameters the next step takes unless overridden, as a flat
     dict of scalar arrays: schedules evaluated at ``state.step``, numbers as

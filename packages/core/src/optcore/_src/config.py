@@ -167,6 +167,12 @@ def to_config(opt_def: OptimizerDef) -> dict[str, Any]:
       raise ConfigError(f"{opt_def!r} wraps a ready optax transformation: it has no config")
     name = _optax_name(opt_def)
     hyper_params = dict(opt_def.hyper_params)
+    if hyper_params.get("param_logical_axes") is not None:
+      raise ConfigError(
+        f"{name}: param_logical_axes have no config form (they belong to the model, not the "
+        f"optimizer). Leave them out of the definition and create it with "
+        "create_sharded(params, param_logical_axes, mesh, rules), which passes them"
+      )
     if name == "chain":
       return {"name": "chain", "transformations": [
         _transform_config(t) for t in hyper_params["transformations"]

@@ -104,6 +104,13 @@ class OptaxWrapper(OptimizerDef):
     """This definition with other hyper-parameter values (traced ones included)."""
     return type(self)(self._factory, hyper_params, name=self._name)
 
+  def with_param_logical_axes(self, param_logical_axes: PyTree) -> OptaxWrapper:
+    if "param_logical_axes" not in self.hyper_params:
+      return self
+    if self.hyper_params["param_logical_axes"] is not None:
+      return self  # its own axes win
+    return self.with_hyper_params(self.hyper_params.replace(param_logical_axes=param_logical_axes))
+
   def init_state(self, params: PyTree) -> OptimizerState:
     check_float_params(params)
     return OptimizerState(jnp.asarray(0, dtype=jnp.int32), self.optax_optimizer.init(params))
@@ -297,10 +304,20 @@ def wrapped_names(namespace: Mapping[str, Any], source: Any) -> tuple[str, ...]:
   return tuple(
     name
     for name, value in list(namespace.items())
-    if not name.startswith("_")
-    and callable(value)
-    and getattr(value, "__wrapped__", None) is getattr(source, name, None) is not None
+    if not name.startswith("_") and callable(value) and _wraps(value, getattr(source, name, None))
   )
+
+
+def _wraps(value: Any, target: Any) -> bool:
+  """Whether ``target`` is on ``value``'s chain of ``__wrapped__`` (an optcore
+  factory may wrap optax's through a function of its own: contrib.muon)."""
+  for _ in range(4):
+    value = getattr(value, "__wrapped__", None)
+    if value is None or target is None:
+      return False
+    if value is target:
+      return True
+  return False
 
 
 def _chain(transformations: Sequence[Any]) -> optax.GradientTransformationExtraArgs:

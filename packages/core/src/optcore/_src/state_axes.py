@@ -236,7 +236,11 @@ def create_sharded(
   state_axis: str | None = None,
   state_memory_kind: str | None = None,
 ) -> Optimizer:
-  """`OptimizerDef.create_sharded`: ``create`` jitted with the derived ``out_shardings``."""
+  """`OptimizerDef.create_sharded`: ``create`` jitted with the derived ``out_shardings``.
+  A definition that reads the parameters' logical axes (`optcore.contrib.muon`)
+  is given ``param_logical_axes`` first."""
+  if param_logical_axes is not None:
+    optimizer_def = optimizer_def.with_param_logical_axes(param_logical_axes)
   abstract = jax.eval_shape(optimizer_def.create, target)
   shardings = optimizer_def.derive_shardings(
     abstract,

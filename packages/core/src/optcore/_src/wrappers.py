@@ -14,6 +14,7 @@ of updates applied to the parameters.
 
 from __future__ import annotations
 
+import copy
 from typing import Any, NamedTuple
 
 import jax
@@ -128,6 +129,16 @@ class _Wrapper(OptimizerDef):
 
   def ema_params(self, state: OptimizerState) -> PyTree:
     return self.optimizer_def.ema_params(self._inner_state(state))
+
+  def with_param_logical_axes(self, param_logical_axes: PyTree) -> OptimizerDef:
+    inner = self.optimizer_def.with_param_logical_axes(param_logical_axes)
+    if inner is self.optimizer_def:
+      return self
+    bound = copy.copy(self)
+    bound.__dict__.pop("_key_cache", None)
+    bound.optimizer_def = inner
+    bound.hyper_params = inner.hyper_params
+    return bound
 
 
 class Accumulate(_Wrapper):

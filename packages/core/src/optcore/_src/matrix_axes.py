@@ -1,0 +1,206 @@
+"""Which dimensions of a parameter form Muon's matrix, from its logical axes.
+
+optax's ``muon`` must be told, per parameter, which dimensions are the
+matrix's reduction and output dimensions (``MuonDimensionNumbers``); every
+other dimension is a batch dimension. Its default guesses from the rank (2-D
+parameters are matrices, everything else goes to its Adam branch), so a
+stacked (scanned) layer of shape ``(layers, embed, mlp)`` goes to Adam. The
+logical axes say it exactly. A rule table, the same shape as T5X Adafactor's
+factor rules (axis name -> role), gives each axis name a role:
+
+- ``"matrix"``: a dimension of the matrix (``embed``, ``mlp``, ``heads``, ...);
+- ``"batch"``: an independent copy (``layers``, ``stack``, ``experts``);
+- ``"adam"``: a parameter with this axis goes to the Adam branch (``vocab``:
+  embedding tables and output heads, as Muon's authors recommend).
+
+Among the matrix dimensions, ``embed`` (the model dimension) is one side of
+the matrix on its own: the reduction side where it comes first (``wi``,
+``query``: ``embed -> mlp``), the output side where it comes last (``wo``,
+``out``: ``mlp -> embed``). Without ``embed``, the first matrix dimension is
+the reduction side and the others the output side. Vectors, scalars and
+stacks of vectors (fewer than two matrix dimensions) go to the Adam branch;
+a parameter of rank 2 or more with an axis no rule names, or no axis name,
+raises, naming its path and the axis.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import optax
+from jax.sharding import PartitionSpec
+from optax import contrib as optax_contrib
+
+from optcore._src import paths
+from optcore._src.partition_rules import PartitionRuleError
+
+PyTree = Any
+
+#: The default rule table of `optcore.contrib.muon`: logical axis name -> "matrix",
+#: "batch" or "adam" (see `muon_dimension_numbers`).
+MATRIX_AXIS_RULES: Mapping[str, str] = {
+  "embed": "matrix",
+  "mlp": "matrix",
+  "heads": "matrix",
+  "kv": "matrix",
+  "joined_kv": "matrix",
+  "q_heads": "matrix",
+  "kv_heads": "matrix",
+  "layers": "batch",
+  "stack": "batch",
+  "experts": "batch",
+  "vocab": "adam",
+}
+ROLES = ("matrix", "batch", "adam")
+MODEL_AXIS = "embed"
+
+
+def muon_dimension_numbers(
+  params: PyTree, param_logical_axes: PyTree, rules: Mapping[str, str] | None = None
+) -> PyTree:
+  """Per parameter, its ``MuonDimensionNumbers``, or None for the Adam branch.
+
+  Args:
+    params: the parameters (arrays or abstract arrays).
+    param_logical_axes: one `PartitionSpec` (or tuple of names, or None) per
+      parameter, as for `OptimizerDef.create_sharded`.
+    rules: axis name -> role, added to (and overriding) `MATRIX_AXIS_RULES`.
+
+  Returns:
+    A tree of the parameters' structure.
+
+  Raises:
+    PartitionRuleError: a parameter of rank 2 or more has an axis no rule
+      names (or no axis name at all).
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from jax.sharding import PartitionSpec as P
+    >>> from optcore.partitioning import muon_dimension_numbers
+    >>> params = {'wi': jnp.zeros((4, 8, 16)), 'emb': jnp.zeros((32, 8)), 'b': jnp.zeros(16)}
+    >>> axes = {'wi': P('layers', 'embed', 'mlp'), 'emb': P('vocab', 'embed'), 'b': P('mlp')}
+    >>> muon_dimension_numbers(params, axes)
+    {'b': None, 'emb': None, 'wi': MuonDimensionNumbers(reduction_axis=(1,), output_axis=(2,))}
+  """
+  table = {**MATRIX_AXIS_RULES, **(rules or {})}
+  for name, role in table.items():
+    if role not in ROLES:
+      raise ValueError(f"matrix rule {name!r} -> {role!r}: a role is one of {list(ROLES)}")
+  # optax's muon asks again with the Adam branch's parameters masked out (MaskedNode).
+  masked = lambda x: isinstance(x, optax.MaskedNode)
+  keyed, treedef = jax.tree_util.tree_flatten_with_path(params, is_leaf=masked)
+  try:
+    given = treedef.flatten_up_to(paths.conform(params, param_logical_axes))
+  except (ValueError, TypeError) as e:
+    raise PartitionRuleError(
+      "muon: param_logical_axes do not have the structure of the parameters: give one "
+      f"PartitionSpec (or None) per parameter, in the same tree; the mismatch: {e}"
+    ) from None
+  out = []
+  for (keys, leaf), spec in zip(keyed, given, strict=True):
+    if masked(leaf):
+      out.append(None)
+      continue
+    entries = () if spec is None else (spec,) if isinstance(spec, str) else tuple(spec)
+    entries += (None,) * (len(leaf.shape) - len(entries))
+    out.append(_dimension_numbers(paths.path_str(keys), leaf, PartitionSpec(*entries), table))
+  return treedef.unflatten(out)
+
+
+def _dimension_numbers(path: str, param: Any, spec: Any, table: Mapping[str, str]) -> Any:
+  if len(param.shape) < 2:
+    return None  # vectors and scalars: Adam
+  names = [_single(path, entry) for entry in spec]
+  for dim, name in enumerate(names):
+    if name is None or name not in table:
+      raise PartitionRuleError(
+        f"muon: the parameter at {path!r} (shape {tuple(param.shape)}, axes "
+        f"{tuple(spec)}) has {'no axis name' if name is None else f'the axis {name!r}'} at "
+        f"dimension {dim}, which no matrix rule covers. Name it in the logical axes, or pass "
+        f"matrix_rules={{{(name or 'its_axis')!r}: 'matrix' | 'batch' | 'adam'}}."
+      )
+  roles = [table[name] for name in names]
+  if "adam" in roles:
+    return None
+  matrix = [d for d, role in enumerate(roles) if role == "matrix"]
+  if len(matrix) < 2:
+    return None  # a stack of vectors (a scanned layer norm's scale): Adam
+  if MODEL_AXIS in (names[d] for d in matrix):
+    model = next(d for d in matrix if names[d] == MODEL_AXIS)
+    others = tuple(d for d in matrix if d != model)
+    if model == matrix[0]:
+      reduction, output = (model,), others
+    else:
+      reduction, output = others, (model,)
+  else:
+    reduction, output = (matrix[0],), tuple(matrix[1:])
+  return optax_contrib.MuonDimensionNumbers(reduction_axis=reduction, output_axis=output)
+
+
+def _single(path: str, entry: Any) -> str | None:
+  if isinstance(entry, tuple):
+    if len(entry) != 1:
+      raise PartitionRuleError(
+        f"muon: the parameter at {path!r} has the dimension {entry!r}, several logical axes "
+        "in one; give it one name"
+      )
+    return entry[0]
+  return entry
+
+
+def muon_dimension_numbers_fn(param_logical_axes: PyTree, rules: Mapping[str, str] | None):
+  """optax's ``muon_weight_dimension_numbers`` as a function of the parameters."""
+
+  def dimension_numbers(params: PyTree) -> PyTree:
+    return muon_dimension_numbers(params, param_logical_axes, rules)
+
+  return dimension_numbers
+
+
+def _muon_with_axes(
+  *args: Any,
+  param_logical_axes: PyTree = None,
+  matrix_rules: Mapping[str, str] | None = None,
+  **kwargs: Any,
+) -> Any:
+  """optax's ``muon``, its matrix dimensions derived from ``param_logical_axes``."""
+  if param_logical_axes is not None:
+    if kwargs.get("muon_weight_dimension_numbers") is not None:
+      raise TypeError(
+        "muon: pass param_logical_axes (the matrix dimensions derived from them) or "
+        "muon_weight_dimension_numbers (given by hand), not both"
+      )
+    kwargs["muon_weight_dimension_numbers"] = muon_dimension_numbers_fn(
+      param_logical_axes, matrix_rules
+    )
+  elif matrix_rules is not None:
+    raise TypeError(
+      "muon: matrix_rules apply to param_logical_axes; pass those too (or create the optimizer "
+      "with create_sharded(params, param_logical_axes, ...), which passes them)"
+    )
+  return optax_contrib.muon(*args, **kwargs)
+
+
+def _signature() -> inspect.Signature:
+  base = inspect.signature(optax_contrib.muon)
+  extra = [
+    inspect.Parameter("param_logical_axes", inspect.Parameter.KEYWORD_ONLY, default=None),
+    inspect.Parameter("matrix_rules", inspect.Parameter.KEYWORD_ONLY, default=None),
+  ]
+  return base.replace(parameters=[*base.parameters.values(), *extra])
+
+
+muon_with_axes = functools.wraps(optax_contrib.muon)(_muon_with_axes)
+muon_with_axes.__signature__ = _signature()
+muon_with_axes.__doc__ = (
+  "optax.contrib.muon, whose matrix dimensions optcore derives from the parameters' logical "
+  "axes (``param_logical_axes=``, or the axes given to ``create_sharded``) by a rule table "
+  "(``matrix_rules=``, see ``optcore.partitioning.MATRIX_AXIS_RULES``); every other argument "
+  "is optax's.\n\n" + (optax_contrib.muon.__doc__ or "")
+)
+
+__all__ = ["MATRIX_AXIS_RULES", "muon_dimension_numbers", "muon_dimension_numbers_fn"]
