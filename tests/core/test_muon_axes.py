@@ -152,3 +152,14 @@ def test_axes_have_no_config_form_and_say_where_they_go():
     optcore.config.to_config(opt_def)
   plain = optcore.config.to_config(optcore.contrib.muon(0.02))
   assert optcore.config.from_config(plain) == optcore.contrib.muon(0.02)
+
+
+def test_shardings_of_a_muon_created_sharded_fit_it_as_jit_shardings():
+  params = transformer_params()
+  mesh = Mesh(np.array(jax.devices()[:1]), ("model",))
+  opt_def = optcore.contrib.muon(0.02)
+  opt = opt_def.create_sharded(params, AXES, mesh, [("mlp", "model")])
+  shardings = opt_def.derive_shardings(opt, AXES, mesh, [("mlp", "model")])
+  assert jax.tree.structure(shardings) == jax.tree.structure(opt)  # the bound definition's
+  step = jax.jit(lambda o, g: o.apply_gradient(g), in_shardings=(shardings, None))
+  step(opt, grads_at(0, params))

@@ -55,7 +55,9 @@ def test_sharded_steps_equal_unsharded_steps(case, mesh):
   shardings = jax.tree.map(lambda x: x.sharding, sharded)
   assert shardings == opt_def.derive_shardings(sharded, AXES, mesh, RULES)
   sharded_step = jax.jit(step, in_shardings=(shardings,), out_shardings=shardings)
-  plain = opt_def.create(params)
+  # create_sharded tells a definition that reads them the axes (contrib.muon's matrices):
+  # the unsharded run gets the same algorithm.
+  plain = opt_def.with_param_logical_axes(AXES).create(params)
   plain_step = jax.jit(step)
   for _ in range(3):
     sharded, plain = sharded_step(sharded), plain_step(plain)

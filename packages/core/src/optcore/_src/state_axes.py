@@ -141,7 +141,7 @@ def optimizer_logical_axes(
   """`OptimizerDef.derive_logical_axes`: an Optimizer of specs, the target's padded to full rank."""
   axes = partition_rules.normalize_param_axes(optimizer.target, param_logical_axes)
   state = state_axes_of_full_rank(optimizer_def, optimizer.state, optimizer.target, axes)
-  return Optimizer(optimizer_def, state, axes)
+  return Optimizer(getattr(optimizer, "optimizer_def", optimizer_def), state, axes)
 
 
 def optimizer_shardings(
@@ -174,7 +174,9 @@ def optimizer_shardings(
     state_memory_kind,
   )
   target = sharding.logical_to_mesh_sharding(axes, mesh, logical_axis_rules)
-  shardings = Optimizer(optimizer_def, state, target)
+  # The optimizer's own definition, so the shardings have its pytree structure even where
+  # create_sharded gave it the parameters' axes (optcore.contrib.muon).
+  shardings = Optimizer(getattr(optimizer, "optimizer_def", optimizer_def), state, target)
   sharding.check_divisible(optimizer, shardings)
   return shardings
 
