@@ -1,6 +1,7 @@
 """optcore.ema on the 8-device CPU mesh: the average gets each parameter's
 logical axes and ZeRO-1's split (1/8 per device), may live in pinned host
-memory, and equals the one-device average bitwise."""
+memory, and equals the one-device average to the last bits (sharded code rounds a
+shard's adam division in the last place now and then)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 from sharding_setup import AXES, make_params
-from tree_testing import assert_trees_equal
+from tree_testing import assert_trees_within_ulps
 
 import optcore
 
@@ -33,7 +34,7 @@ def test_ema_is_sharded_like_its_parameters_and_split_by_state_axis(cpu_devices)
   step = jax.jit(lambda o, g: o.apply_gradient(g))
   for i in range(4):
     opt, one = step(opt, grads_at(i, one.target)), step(one, grads_at(i, one.target))
-  assert_trees_equal(opt.ema_params, one.ema_params)
+  assert_trees_within_ulps(opt.ema_params, one.ema_params)
   kernel = opt.ema_params["dense"]["kernel"]
   assert kernel.sharding.spec == PartitionSpec("data", "model")
   assert kernel.sharding.memory_kind == "pinned_host"

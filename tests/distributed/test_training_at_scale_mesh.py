@@ -1,8 +1,9 @@
 """Training at scale on the 8-device CPU mesh: accumulate over mixed_precision
 (bfloat16 parameters and state, float32 master copies), ZeRO-1's state_axis
-and the state in pinned host memory, all at once, in every face; the same
-numbers as one device; each device holding 1/8 of every new state leaf; an
-orbax checkpoint taken mid-accumulation resumes exactly."""
+and the state in pinned host memory, all at once, in every face; the
+one-device numbers to the last bits (a sharded step rounds an adam division in
+the last place now and then); each device holding 1/8 of every new state
+leaf; an orbax checkpoint taken mid-accumulation resumes exactly."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from faces import FACES
 from jax.sharding import Mesh, PartitionSpec
 from sharding_setup import AXES, make_params
-from tree_testing import assert_trees_equal
+from tree_testing import assert_trees_equal, assert_trees_within_ulps
 
 import optcore
 
@@ -63,7 +64,9 @@ def test_everything_at_once_on_the_mesh_gives_the_one_device_numbers(cpu_devices
   for i in range(5):
     opt = step(opt, grads_at(i, opt.target))
     assert {x.sharding.memory_kind for x in host_state(opt)} == {"pinned_host"}
-  assert_trees_equal(opt, one_device_run(5))
+  # Sharded against one device: XLA rounds a shard's adam division in the last bit now and
+  # then (measured in CI: 11 of 256 float32 elements, 1 ulp, on one Python of three).
+  assert_trees_within_ulps(opt, one_device_run(5))
   state = opt.state.param_states
   assert int(opt.state.step) == 2 and int(state.mini_step) == 1
   # The accumulator and the master copy: 1/8 of the leaf per device (model
@@ -88,7 +91,7 @@ def test_every_face_runs_the_stack_on_the_mesh(face, cpu_devices):
     g = grads_at(i, params)
     handle = step(handle, g, {})
     reference = jax.jit(lambda o, g: o.apply_gradient(g))(reference, g)
-  assert_trees_equal(face.params(handle), reference.target)
+  assert_trees_within_ulps(face.params(handle), reference.target)
   written = face.state_dict(handle)["state"]["param_states"]
   kernel_master = written["inner"]["master"]["kernel"]
   assert kernel_master.sharding.memory_kind == "pinned_host"

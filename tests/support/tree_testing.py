@@ -19,6 +19,23 @@ def assert_trees_equal(actual, expected):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(e))
 
 
+def assert_trees_within_ulps(actual, expected, ulps: int = 2):
+  """Same structure and dtypes; floating leaves within ``ulps`` units in the last place of
+  their dtype (relative), the others equal. For a sharded run against one device: XLA's CPU
+  code for a shard-sized array rounds a division or square root in the last bit where the
+  whole array's does not (which elements depends on how the loop is vectorised)."""
+  assert jax.tree.structure(actual) == jax.tree.structure(expected)
+  for a, e in zip(jax.tree.leaves(actual), jax.tree.leaves(expected), strict=True):
+    dtype = jnp.result_type(a)
+    assert dtype == jnp.result_type(e)
+    if jnp.issubdtype(dtype, jnp.floating):
+      eps = float(jnp.finfo(dtype).eps)
+      a32, e32 = np.asarray(a, np.float32), np.asarray(e, np.float32)
+      np.testing.assert_allclose(a32, e32, rtol=ulps * eps, atol=ulps * eps * 1e-3)
+    else:
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(e))
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class Linear:
