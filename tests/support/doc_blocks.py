@@ -121,9 +121,11 @@ def block_id(block: Block) -> str:
 
 
 def documented_names(package: str) -> set[str]:
-  """The dotted names ``docs/api/<package>.md`` has an entry for (autodoc or optax-alias)."""
+  """The dotted names ``docs/api/<package>.md`` has an entry for (autodoc, optax-alias, or
+  ``py:data`` for a constant whose docstring autodoc cannot see)."""
   text = (DOCS / "api" / f"{package}.md").read_text()
-  return set(re.findall(r"^\.\. (?:auto\w+|optax-alias):: (\S+)", text, re.M)) - {package}
+  entries = r"^\.\. (?:auto\w+|optax-alias|py:data):: (\S+)"
+  return set(re.findall(entries, text, re.M)) - {package}
 
 
 def public_names(module) -> set[str]:
