@@ -24,7 +24,9 @@ its own optimizer object, through its public API only:
   ``state_memory_kind``), the parameters replicated;
 - ``ema_params(handle)``: the moving average an `optcore.ema` definition
   keeps, through the face's own accessor, as a plain dict;
-- ``current_hyper_params(handle)``: the face's own ``current_hyper_params()``.
+- ``current_hyper_params(handle)``: the face's own ``current_hyper_params()``;
+- ``transplant(handle, state_dict)``: ``(handle, report)`` through
+  `optcore.transplant` (the face's parameters passed where it does not hold them).
 
 The framework imports are inside the functions: the core's venv, which has
 none of them, can still import this module (and the face list).
@@ -61,6 +63,7 @@ class Face:
   create_sharded: Callable[..., PyTree] | None = None
   ema_params: Callable[[PyTree], dict] | None = None
   current_hyper_params: Callable[[PyTree], dict] | None = None
+  transplant: Callable[[PyTree, Any], tuple[PyTree, Any]] | None = None
 
   def __repr__(self) -> str:
     return self.name
@@ -88,6 +91,7 @@ CORE = Face(
   ),
   ema_params=lambda opt: opt.ema_params,
   current_hyper_params=lambda opt: opt.current_hyper_params(),
+  transplant=optcore.transplant,
 )
 
 
@@ -150,6 +154,7 @@ FLAX = Face(
   create_sharded=_flax_create_sharded,
   ema_params=lambda opt: _unfreeze(opt.ema_params),
   current_hyper_params=lambda opt: opt.current_hyper_params(),
+  transplant=optcore.transplant,
 )
 
 
@@ -176,6 +181,13 @@ def _fields(container) -> dict:
 
 def _field_names(container) -> tuple[str, ...]:
   return next(k[1] for k, cls in _CLASSES.items() if cls is type(container))
+
+
+def _transplant_optimizer(handle, state_dict):
+  """A ``(params, optimizer)`` handle's optimizer transplanted (given its parameters)."""
+  params, opt = handle
+  opt, report = optcore.transplant(opt, state_dict, params)
+  return (params, opt), report
 
 
 def _restore_optimizer(handle, state_dict):
@@ -227,6 +239,7 @@ EQUINOX = Face(
   create_sharded=_eqx_create_sharded,
   ema_params=lambda handle: _fields(handle[1].ema_params(handle[0])),
   current_hyper_params=lambda handle: handle[1].current_hyper_params(),
+  transplant=_transplant_optimizer,
 )
 
 
@@ -300,6 +313,7 @@ TREEX = Face(
   create_sharded=_treex_create_sharded,
   ema_params=lambda handle: _fields(handle[1].ema_params),
   current_hyper_params=lambda handle: handle[1].current_hyper_params(),
+  transplant=_transplant_optimizer,
 )
 
 
@@ -339,6 +353,12 @@ def _adapter_create_sharded(opt_def, params, mesh, **placement):
   return opt_def, params, jax.device_put(state, shardings)
 
 
+def _adapter_transplant(handle, state_dict):
+  opt_def, params, state = handle
+  state, report = optcore.adapter.transplant_state(opt_def, params, state, state_dict)
+  return (opt_def, params, state), report
+
+
 def _adapter_jit(fn):
   # The definition is no pytree (in a plain tuple it would be a leaf): jit closes over it.
   def call(handle, *args):
@@ -363,6 +383,7 @@ ADAPTER = Face(
   create_sharded=_adapter_create_sharded,
   ema_params=lambda handle: handle[0].ema_params(handle[2]),
   current_hyper_params=lambda handle: handle[0].current_hyper_params(handle[2]),
+  transplant=_adapter_transplant,
 )
 
 

@@ -89,6 +89,9 @@ from optcore._src.serialization import to_state_dict as to_state_dict
 from optcore._src.sharding import logical_to_mesh as logical_to_mesh
 from optcore._src.sharding import logical_to_mesh_axes as logical_to_mesh_axes
 from optcore._src.sharding import logical_to_mesh_sharding as logical_to_mesh_sharding
+from optcore._src.transplant import TransplantEntry as TransplantEntry
+from optcore._src.transplant import TransplantReport as TransplantReport
+from optcore._src.transplant import transplant as transplant
 from optcore._src.traversal import ModelParamTraversal as ModelParamTraversal
 from optcore._src.traversal import SelectorError as SelectorError
 from optcore._src.traversal import leaves_with_paths as leaves_with_paths
@@ -153,6 +156,8 @@ __all__ = [
   "PartitionRuleError",
   "SelectorError",
   "StateDictError",
+  "TransplantEntry",
+  "TransplantReport",
   "TreeMismatchError",
   "UngroupableError",
   "accumulate",
@@ -208,6 +213,7 @@ __all__ = [
   "sm3",
   "t5x",
   "to_state_dict",
+  "transplant",
   "wrap_optax_optimizer",
   "yogi",
 ]

@@ -15,6 +15,9 @@ same errors, and writes the same state dicts.
   ``'target'`` is ignored on restore).
 - `state_logical_axes` / `state_shardings`: the state's axes and
   `NamedSharding` objects from the parameters' axes.
+- `transplant_state`: a state filled from a state dict written for another
+  optimizer or other parameters, where parameter, role and shape still match
+  (what each face's ``transplant`` calls).
 - `key_data_for_export`: typed PRNG keys as key data, for formats without
   them (msgpack).
 - `warn`: a warning attributed to the user's line, whatever path led to it.
@@ -41,6 +44,7 @@ from optcore._src.serialization import state_only_dict as state_dict
 from optcore._src.state_axes import state_logical_axes as state_logical_axes
 from optcore._src.state_axes import state_shardings as state_shardings
 from optcore._src.step import apply_step as step
+from optcore._src.transplant import transplant_state as transplant_state
 from optcore._src.user_warnings import warn as warn
 
 __all__ = [
@@ -51,5 +55,6 @@ __all__ = [
   "state_logical_axes",
   "state_shardings",
   "step",
+  "transplant_state",
   "warn",
 ]

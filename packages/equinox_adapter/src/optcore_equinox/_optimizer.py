@@ -142,6 +142,45 @@ class Optimizer(eqx.Module):
     state = adapter.restore_state(self.optimizer_def, self.state, state_dict)
     return eqx.tree_at(lambda o: o.state, self, state)
 
+  def transplant(
+    self, state_dict: Mapping[str, Any], model: PyTree | None = None
+  ) -> tuple[Optimizer, optcore.TransplantReport]:
+    """A new Optimizer holding what ``state_dict`` still has for its state (same
+    parameter, role and shape), the rest as this one holds it; and a report
+    (see `optcore.transplant`). This one is untouched.
+
+    Args:
+      state_dict: any face's state dict, or an old flax.optim or T5X checkpoint's.
+      model: the model this optimizer trains (its leaves' paths locate each
+        state leaf's parameter).
+
+    Returns:
+      ``(new_optimizer, report)``.
+
+    Raises:
+      TypeError: no ``model``.
+      optcore.StateDictError: ``state_dict`` has no ``'state'`` dict.
+
+    Example:
+      >>> import equinox as eqx, jax
+      >>> import optcore, optcore_equinox
+      >>> model = eqx.nn.Linear(2, 1, key=jax.random.key(0))
+      >>> old = optcore_equinox.Optimizer(optcore.adam(1e-2), model)
+      >>> opt = optcore_equinox.Optimizer(optcore.adamw(1e-3), model)
+      >>> opt, report = optcore.transplant(opt, old.state_dict(), model)
+      >>> len(report.kept), len(report.initialised), len(report.dropped)
+      (6, 0, 0)
+    """
+    if model is None:
+      raise TypeError(
+        "optcore_equinox.Optimizer.transplant needs the model (it does not hold it): "
+        "optcore.transplant(opt, state_dict, model)."
+      )
+    state, report = adapter.transplant_state(
+      self.optimizer_def, self.params(model), self.state, state_dict
+    )
+    return eqx.tree_at(lambda o: o.state, self, state), report
+
   def shardings(
     self,
     model: PyTree,

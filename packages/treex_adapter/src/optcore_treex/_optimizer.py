@@ -205,6 +205,49 @@ class Optimizer(to.Tree):
     module.step = state.step
     return module
 
+  def transplant(
+    self, state_dict: Mapping[str, tp.Any], params: PyTree | None = None
+  ) -> tuple[Optimizer, optcore.TransplantReport]:
+    """A new optimizer holding what ``state_dict`` still has for its state (same
+    parameter, role and shape), the rest as this one holds it; and a report
+    (see `optcore.transplant`). This one is untouched.
+
+    Args:
+      state_dict: any face's state dict, or an old flax.optim or T5X checkpoint's.
+      params: the parameters this optimizer was initialised for (their paths
+        locate each state leaf's parameter).
+
+    Returns:
+      ``(new_optimizer, report)``.
+
+    Raises:
+      RuntimeError: the optimizer is not initialised.
+      TypeError: no ``params``.
+      optcore.StateDictError: ``state_dict`` has no ``'state'`` dict.
+
+    Example:
+      >>> import jax.numpy as jnp, optax
+      >>> import optcore, optcore_treex
+      >>> params = {'w': jnp.ones(2)}
+      >>> old = optcore.adam(0.1).create(params)
+      >>> optimizer = optcore_treex.Optimizer(optax.adamw(0.1)).init(params)
+      >>> optimizer, report = optcore.transplant(optimizer, old.state_dict(), params)
+      >>> [entry.path for entry in report.kept]
+      ['param_states/0/count', 'param_states/0/mu/w', 'param_states/0/nu/w']
+    """
+    self._check_initialized()
+    if params is None:
+      raise TypeError(
+        "optcore_treex.Optimizer.transplant needs the parameters (it does not hold them): "
+        "optcore.transplant(optimizer, state_dict, params)."
+      )
+    reference = optcore.OptimizerState(self.step, self.opt_state)  # a None step is not read
+    state, report = adapter.transplant_state(self.optimizer_def, params, reference, state_dict)
+    module = to.copy(self)
+    module.opt_state = state.param_states
+    module.step = state.step
+    return module, report
+
   def shardings(
     self,
     params: PyTree,

@@ -17,6 +17,7 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 from optcore._src.step import apply_step
+from optcore._src.transplant import TransplantReport, transplant_state
 from optcore._src.user_warnings import warn
 
 PyTree = Any
@@ -180,6 +181,33 @@ class Optimizer(Generic[T]):
     """A new Optimizer holding what ``state_dict`` holds; this one is untouched."""
     target, state = self.optimizer_def.restore_state(self.target, self.state, state_dict)
     return self.replace(target=target, state=state)
+
+  def transplant(
+    self, state_dict: Mapping[str, Any], params: None = None
+  ) -> tuple[Optimizer[T], TransplantReport]:
+    """This optimizer holding what ``state_dict`` still has for its state (same
+    parameter, role and shape), and a report; see `optcore.transplant`. The
+    target is this optimizer's; this one is untouched.
+
+    Raises:
+      TypeError: ``params`` given (this optimizer holds its target).
+      optcore.StateDictError: ``state_dict`` has no ``'state'`` dict.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> import optcore
+      >>> old = optcore.sgd(0.1, momentum=0.9).create({'w': jnp.ones(2)})
+      >>> opt, report = optcore.lars(0.1).create({'w': jnp.ones(2)}).transplant(old.state_dict())
+      >>> [entry.path for entry in report.kept]
+      ['step', 'param_states/3/trace/w']
+    """
+    if params is not None:
+      raise TypeError(
+        "Optimizer.transplant: this optimizer holds its parameters (its target); call "
+        "optcore.transplant(optimizer, state_dict) without params."
+      )
+    state, report = transplant_state(self.optimizer_def, self.target, self.state, state_dict)
+    return self.replace(state=state), report
 
   def replace(self, **changes: Any) -> Optimizer[T]:
     return dataclasses.replace(self, **changes)
