@@ -1,13 +1,17 @@
 """optcore.contrib.muon in the Flax face: a Linen model's partitioning metadata
-gives Muon its matrix dimensions through `optcore_flax.create_sharded`, and a
-scanned layer's kernel is a batch of matrices, as the same axes by hand give."""
+(and an nnx model's axis names) gives Muon its matrix dimensions through
+`optcore_flax.create_sharded`, and a scanned layer's kernel is a batch of
+matrices, as the same axes by hand give."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
+import optax.contrib
 from flax import linen as nn
+from flax import nnx
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
@@ -52,3 +56,39 @@ def test_linen_metadata_gives_muon_its_matrices():
   jax.tree.map(np.testing.assert_array_equal, opt.target, explicit.target)
   mu = opt.state.param_states.inner_states["muon"].inner_state[0].mu
   assert mu["params"]["ScanBlock_0"]["Dense_0"]["kernel"].shape == (3, 8, 16)
+
+
+class NnxModel(nnx.Module):
+  """An nnx model whose parameters carry axis names (nnx.with_partitioning), a
+  stacked (layers, embed, mlp) kernel among them."""
+
+  def __init__(self, rngs):
+    kernel_init = nnx.with_partitioning(nnx.initializers.lecun_normal(), ("embed", "mlp"))
+    self.dense = nnx.Linear(8, 16, kernel_init=kernel_init, use_bias=False, rngs=rngs)
+    stacked = jax.random.normal(rngs.params(), (3, 8, 16)) * 0.1
+    self.stack = nnx.Param(stacked, out_sharding=("layers", "embed", "mlp"))
+    self.scale = nnx.Param(jnp.ones(16), out_sharding=("mlp",))
+
+
+def test_nnx_metadata_gives_muon_its_matrices():
+  with nnx.use_eager_sharding(False):  # axis names as metadata, no mesh at construction
+    params = nnx.state(NnxModel(nnx.Rngs(0)), nnx.Param)
+  axes = optcore_flax.param_logical_axes(params)
+  assert axes["stack"].get_value() == P("layers", "embed", "mlp")
+  mesh = Mesh(np.array(jax.devices()[:1]), ("model",))
+  opt = optcore_flax.create_sharded(optcore.contrib.muon(0.02), params, mesh, [("mlp", "model")])
+  # The same algorithm with the dimensions written by hand, on plain arrays.
+  plain = {"dense": {"kernel": params["dense"]["kernel"].get_value()}}
+  plain |= {"stack": params["stack"].get_value(), "scale": params["scale"].get_value()}
+  dims = {
+    "dense": {"kernel": optax.contrib.MuonDimensionNumbers((0,), (1,))},
+    "stack": optax.contrib.MuonDimensionNumbers((1,), (2,)),
+    "scale": None,
+  }
+  tx = optax.contrib.muon(0.02, muon_weight_dimension_numbers=dims)
+  grads = jax.tree.map(jnp.ones_like, plain)
+  updates, _ = tx.update(grads, tx.init(plain), plain)
+  expected = optax.apply_updates(plain, updates)
+  opt = opt.apply_gradient(jax.tree.map(jnp.ones_like, opt.target))
+  got = nnx.to_pure_dict(opt.target)
+  jax.tree.map(np.testing.assert_array_equal, got, expected)

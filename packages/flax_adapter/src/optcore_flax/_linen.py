@@ -7,6 +7,7 @@ from typing import Any
 
 import jax
 from flax import linen as nn
+from flax import nnx
 from jax.sharding import Mesh, PartitionSpec
 
 import optcore
@@ -18,11 +19,23 @@ def _is_box(x: Any) -> bool:
   return isinstance(x, nn.meta.AxisMetadata)
 
 
+def _is_variable(x: Any) -> bool:
+  return isinstance(x, nnx.Variable)
+
+
+def _has_nnx_axes(x: Any) -> bool:
+  if not _is_variable(x):
+    return False
+  metadata = x.get_metadata()
+  return bool(metadata.get("out_sharding") or metadata.get("sharding_names"))
+
+
 def param_logical_axes(params: PyTree) -> PyTree:
   """One logical `PartitionSpec` per parameter, from params boxed with
   ``nn.with_logical_partitioning`` / ``nn.LogicallyPartitioned`` (unboxed
-  leaves get ``PartitionSpec()``), or a tree of specs (``nn.get_partition_spec``)
-  returned as it is.
+  leaves get ``PartitionSpec()``), from an ``nnx.State`` whose ``nnx.Param``
+  variables carry axis names (``nnx.with_partitioning``, ``out_sharding=``),
+  or a tree of specs (``nn.get_partition_spec``) returned as it is.
 
   Example:
     >>> import jax, jax.numpy as jnp, flax.linen as nn
@@ -35,6 +48,9 @@ def param_logical_axes(params: PyTree) -> PyTree:
   """
   if any(_is_box(x) for x in jax.tree.leaves(params, is_leaf=_is_box)):
     return nn.get_partition_spec(params)
+  if any(_has_nnx_axes(x) for x in jax.tree.leaves(params, is_leaf=_is_variable)):
+    # nnx.Param(..., out_sharding=names) / nnx.with_partitioning: nnx's own reading.
+    return nnx.get_partition_spec(params)
   # Plain arrays (no partitioning metadata at all) are replicated; specs pass through.
   return jax.tree.map(lambda x: PartitionSpec() if hasattr(x, "shape") else x, params)
 
