@@ -39,11 +39,12 @@ def step(x_y, model, opt, lr):
   return model, opt, loss
 
 
-def train(model, opt, start, stop, x_y):
+def train(model, opt, start, stop, x_y, label="training"):
+  print(f"{label}: steps {start} to {stop - 1}")
   for i in range(start, stop):
     model, opt, loss = step(x_y, model, opt, jnp.asarray(schedule(i)))
     if i % 50 == 0 or i == STEPS - 1:
-      print(f"step {i:3d} loss {float(loss):.5f}")
+      print(f"  step {i:3d} loss {float(loss):.5f}")
   return model, opt
 
 
@@ -56,15 +57,17 @@ def main() -> None:
   )
   opt = optcore_equinox.Optimizer(config, model)
 
-  half_model, half_opt = train(model, opt, 0, STEPS // 2, x_y)
+  half_model, half_opt = train(model, opt, 0, STEPS // 2, x_y, "first half")
   checkpoint = jax.tree.map(np.asarray, half_opt.state_dict())  # to host memory, as a save would
   saved_model = jax.tree.map(lambda a: np.asarray(a) if eqx.is_array(a) else a, half_model)
-  final_model, _ = train(half_model, half_opt, STEPS // 2, STEPS, x_y)
+  final_model, _ = train(half_model, half_opt, STEPS // 2, STEPS, x_y, "second half, uninterrupted")
 
   # Resume from the checkpoint into a fresh optimizer and finish again.
   resumed_opt = optcore_equinox.Optimizer(config, saved_model).restore_state(checkpoint)
   resumed_model = jax.tree.map(lambda a: jnp.asarray(a) if eqx.is_array(a) else a, saved_model)
-  resumed_model, _ = train(resumed_model, resumed_opt, STEPS // 2, STEPS, x_y)
+  resumed_model, _ = train(
+    resumed_model, resumed_opt, STEPS // 2, STEPS, x_y, "second half, resumed from the checkpoint"
+  )
   same = all(
     np.array_equal(a, b)
     for a, b in zip(

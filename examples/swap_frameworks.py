@@ -2,6 +2,9 @@
 
   python examples/swap_frameworks.py [--steps 200] [--plot swap_frameworks.png]
 
+The plot needs matplotlib (``pip install matplotlib``; ``nox -s demo`` installs it);
+``--plot ''`` runs without it.
+
 A small MLP learns a 1-D function on synthetic data with ONE config (a dict:
 AdamW on the kernels, SGD with momentum on the biases, a learning-rate
 schedule applied per step) through the core, Flax (flax.optim's API), Equinox
@@ -13,6 +16,7 @@ halfway and resumes the run in Flax, and plots every loss curve to a PNG.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import tempfile
 import time
@@ -236,8 +240,16 @@ def show_shardings():
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--steps", type=int, default=200)
-  parser.add_argument("--plot", default="swap_frameworks.png")
+  parser.add_argument(
+    "--plot", default="swap_frameworks.png", help="where the loss curves go; '' for no plot"
+  )
   args = parser.parse_args()
+  if args.plot and importlib.util.find_spec("matplotlib") is None:  # before the training
+    parser.exit(
+      2,
+      "swap_frameworks.py: the plot needs matplotlib, which is not installed: pip install "
+      "matplotlib (nox -s demo installs it), or pass --plot '' to train without the plot.\n",
+    )
   steps = args.steps
   x, y = data()
   print(f"One config for every framework:\n  {CONFIG}\n\nTraining {steps} steps in each:")
@@ -287,6 +299,8 @@ def main() -> None:
   same = resumed == runs["flax"][steps // 2 :]
   print(f"  resumed in Flax, the second half matches the uninterrupted run bitwise: {same}")
 
+  if not args.plot:
+    return
   import matplotlib
 
   matplotlib.use("Agg")

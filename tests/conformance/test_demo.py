@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from example_runner import run_example
+import subprocess
+import sys
+
+from example_runner import EXAMPLES, run_example
 
 
 def test_swap_frameworks_demo(tmp_path):
@@ -12,3 +15,22 @@ def test_swap_frameworks_demo(tmp_path):
   assert "matches the uninterrupted run bitwise: True" in stdout
   assert "P(None, 'model')" in stdout and "16 of  128 bytes per device" in stdout
   assert plot.stat().st_size > 10_000 and plot.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_swap_frameworks_asks_for_matplotlib_before_it_trains():
+  """Without matplotlib (sys.modules[name] = None is how Python spells "not importable"),
+  the demo says how to get it, and how to run without it, before any training."""
+  demo = EXAMPLES / "swap_frameworks.py"
+  code = (
+    "import runpy, sys; sys.modules['matplotlib'] = None; "
+    f"sys.argv = [{str(demo)!r}]; runpy.run_path({str(demo)!r}, run_name='__main__')"
+  )
+  result = subprocess.run(
+    [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
+  )
+  assert result.returncode == 2
+  assert (
+    "the plot needs matplotlib, which is not installed: pip install matplotlib" in result.stderr
+  )
+  assert "--plot ''" in result.stderr
+  assert "Training" not in result.stdout
