@@ -9,7 +9,8 @@
   nox -s lint          ruff check and ruff format --check
   nox -s demo          one config, four frameworks (examples/swap_frameworks.py)
   nox -s bench         the benchmarks (reports under benchmarks/results/)
-  nox -s wheels        build the four wheels, install them as a user would
+  nox -s release       build the four sdists and wheels, twine check them, install each
+                       extra from them into a clean venv as a user would
   nox -s tests-cuda    the suite on JAX's CUDA build (needs an NVIDIA GPU)
   nox -s tests-lowest  each package on the minimum versions its pyproject declares
   nox -s tests-latest  every package on the newest releases, without the lock
@@ -19,7 +20,7 @@ Installs come from uv.lock (``uv sync --locked``: a stale lock fails), so every 
 versions developers test; uv.lock resolves per Python (jax 0.10 on 3.11, jax 0.12 on 3.12+).
 Each variant gets its own venv holding only its package, that package's framework and the
 test tools: the core variant proves the core needs no framework. The one-Python sessions
-(demo, lint, bench, wheels) use the newest supported Python present.
+(demo, lint, bench, release) use the newest supported Python present.
 """
 
 from __future__ import annotations
@@ -242,23 +243,29 @@ def bench(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
-def wheels(session: nox.Session) -> None:
-  """Builds the four wheels, then installs each extra from them as a user would."""
+def release(session: nox.Session) -> None:
+  """Builds the four sdists and wheels into dist/, checks their metadata with twine (the
+  README renders as the PyPI page; the URLs and classifiers are valid), then installs each
+  extra from the wheels into a clean venv, as a user would, and the core from its sdist."""
   dist = ROOT / "dist"
   shutil.rmtree(dist, ignore_errors=True)
-  session.run("uv", "build", "--all-packages", "--wheel", "--out-dir", str(dist), external=True)
-  built = sorted(p.name for p in dist.glob("*.whl"))
+  session.run("uv", "build", "--all-packages", "--out-dir", str(dist), external=True)
+  built = sorted(p.name for p in dist.iterdir() if p.name.endswith((".whl", ".tar.gz")))
   session.log(f"built: {built}")
-  if len(built) != 4:
-    session.error(f"expected 4 wheels, found {built}")
+  if sum(name.endswith(".whl") for name in built) != 4 or len(built) != 8:
+    session.error(f"expected 4 sdists and 4 wheels, found {built}")
+  session.install("twine>=6.1")
+  session.run("twine", "check", "--strict", *(str(dist / name) for name in built))
   # Pinned, so a same-named project on PyPI can never stand in for the build.
   version = next(dist.glob("optcore-*.whl")).name.split("-")[1]
-  for extra, module in ADAPTERS.items():
-    venv = Path(session.create_tmp()) / f"user-{extra}"
+  users = {extra: (f"optcore[{extra}]=={version}", module) for extra, module in ADAPTERS.items()}
+  users["sdist"] = (str(next(dist.glob("optcore-*.tar.gz"))), "optcore")
+  for name, (requirement, module) in users.items():
+    venv = Path(session.create_tmp()) / f"user-{name}"
     shutil.rmtree(venv, ignore_errors=True)
     session.run("uv", "venv", "--quiet", "--python", PYTHON, str(venv), external=True)
     python = str(venv / "bin" / "python")
-    # What a user types, with the freshly built wheels standing in for PyPI's.
+    # What a user types, with the freshly built distributions standing in for PyPI's.
     session.run("uv", "pip", "install", "--quiet", "--python", python, "pip", external=True)
     session.run(
       python,
@@ -268,14 +275,14 @@ def wheels(session: nox.Session) -> None:
       "--quiet",
       "--find-links",
       str(dist),
-      f"optcore[{extra}]=={version}",
+      requirement,
       external=True,
     )
     session.run(
       python,
       "-c",
       f"import optcore, {module}; assert {module}.__version__ == optcore.__version__; "
-      f"print('optcore[{extra}]', optcore.__version__, 'imports optcore and {module}')",
+      f"print({requirement!r}, optcore.__version__, 'imports optcore and {module}')",
       external=True,
     )
 

@@ -67,3 +67,21 @@ def test_every_package_declares_the_pythons_the_nox_matrix_tests():
       if c.startswith("Programming Language :: Python :: 3.")
     ]
     assert versions == tested, folder
+
+
+def test_every_distribution_has_a_real_readme_urls_and_keywords():
+  """The README is the PyPI page: what it is, how to install it, an example (run by the doc
+  tests with the package's own dependencies), where the docs are."""
+  for folder in ("core", *ADAPTERS.values()):
+    declared = project(folder)
+    readme = (ROOT / "packages" / folder / declared["readme"]).read_text()
+    assert readme.startswith(f"# {declared['name']}\n"), folder
+    for section in ("## Install", "## Example", "## Documentation"):
+      assert section in readme, (folder, section)
+    assert "```python" in readme, folder
+    installs = [line for line in readme.splitlines() if line.startswith("pip install ./packages/")]
+    assert any(f"./packages/{folder}" in line.split() for line in installs), folder
+    assert len(readme) > 800, folder
+    assert set(declared["urls"]) == {"Documentation", "Source", "Issues"}, folder
+    assert len(declared["keywords"]) >= 4 and "jax" in declared["keywords"], folder
+    assert "adapter for" not in declared["description"], folder  # not a placeholder

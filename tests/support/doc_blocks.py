@@ -69,7 +69,8 @@ class Block:
 def pages() -> list[Path]:
   skip = {DOCS / "_build", DOCS / "_generated"}
   found = [p for p in sorted(DOCS.rglob("*.md")) if not any(s in p.parents for s in skip)]
-  return [ROOT / "README.md", *found]
+  # The packages' READMEs are their PyPI pages: their examples run too.
+  return [ROOT / "README.md", *sorted(ROOT.glob("packages/*/README.md")), *found]
 
 
 def _blocks_of(page: Path) -> list[Block]:
