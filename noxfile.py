@@ -291,18 +291,23 @@ def release(session: nox.Session) -> None:
 SCREENSHOTS = {
   "index.html": ("home.png", (1366, 1100)),
   "migration/flax_optim.html": ("migration_flax_optim.png", (1366, 2400)),
+  "api/optcore.html": ("api_optimizer.png", (1366, 2400)),  # optcore.Optimizer comes first
+  "benchmarks.html": ("benchmarks.png", (1366, 2400)),
 }
 
 
 @nox.session(python=PYTHON)
 def docs(session: nox.Session) -> None:
-  """Builds the documentation site with warnings as errors into docs/_build/html, then renders
-  the home page and the flax.optim migration guide in headless Chromium to
-  docs/_build/screenshots/ (Debian's chromium, installed with apt when missing)."""
+  """Builds the documentation site with warnings as errors into docs/_build/html, checks every
+  internal link (and that each name of the API index links to its entry), then renders the home
+  page, the flax.optim migration guide, optcore.Optimizer's API entry and the benchmarks page
+  in headless Chromium to docs/_build/screenshots/ (Debian's chromium, installed with apt when
+  missing), and checks each shows a page, not a blank."""
   sync(session, None, "docs")
   build = ROOT / "docs" / "_build"
   shutil.rmtree(build / "html", ignore_errors=True)
   session.run("sphinx-build", "-W", "--keep-going", "-b", "html", "docs", str(build / "html"))
+  session.run("python", "docs/_tools/check_links.py", str(build / "html"))
   chromium = _chromium(session)
   shots = build / "screenshots"
   shots.mkdir(parents=True, exist_ok=True)
@@ -321,6 +326,9 @@ def docs(session: nox.Session) -> None:
     )
     if not (shots / name).stat().st_size:
       session.error(f"Chromium wrote an empty screenshot of {page}")
+  session.run(
+    "python", "docs/_tools/check_screenshots.py", *(str(p) for p in sorted(shots.glob("*.png")))
+  )
   session.log(f"site: {build / 'html' / 'index.html'}; screenshots: {sorted(shots.glob('*.png'))}")
 
 

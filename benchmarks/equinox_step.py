@@ -20,7 +20,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import optax
-from timing import balanced_ratio
+from timing import balanced_ratio, device_name
 
 import optcore
 import optcore_equinox
@@ -115,7 +115,7 @@ def main() -> None:
   if args.quick:
     shapes, args.rounds, args.steps = [(128, 2)], 5, 20
   device = jax.devices()[0]
-  machine = f"{device.device_kind} ({device.platform}), {platform.machine()}, jax {jax.__version__}"
+  machine = f"{device_name(device)}, {platform.machine()}, jax {jax.__version__}"
   print(f"device: {machine}; equinox {eqx.__version__}; optax {optax.__version__}")
   rows = []
   for width, depth in shapes:

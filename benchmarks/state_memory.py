@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
+from timing import device_name
 
 import optcore
 
@@ -70,7 +71,7 @@ def main() -> None:
   mesh = Mesh(np.array(devices[:8]), ("x",))
   params, axes = transformer_block_params()
   total_params = sum(x.size for x in jax.tree.leaves(params))
-  machine = f"{devices[0].device_kind} ({devices[0].platform}) x8, jax {jax.__version__}"
+  machine = f"{device_name(devices[0])} x8, jax {jax.__version__}"
   print(f"device: {machine}; {total_params / 1e6:.1f}M parameters")
   rows = []
   for name, opt_def in [

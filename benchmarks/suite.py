@@ -45,6 +45,7 @@ from timing import (
   balanced_ratio,
   compiled_costs,
   core_step,
+  device_name,
   make_params,
   median_ratio,
   raw_step,
@@ -303,7 +304,7 @@ def main() -> None:
   if args.quick:
     args.sizes, args.rounds, args.compile_leaves = [1e5], 3, 100
   device = jax.devices()[0]
-  machine = f"{device.device_kind} ({device.platform}), {platform.machine()}, jax {jax.__version__}"
+  machine = f"{device_name(device)}, {platform.machine()}, jax {jax.__version__}"
   print(f"device: {machine}; optax {optax.__version__}; optcore {optcore.__version__}", flush=True)
 
   copy_gbs = copy_bandwidth_gbs(int(max(args.sizes)))

@@ -144,3 +144,9 @@ def balanced_ratio(
     "face_first": statistics.median(per_order[face]),
     "base_times": base_times,
   }
+
+
+def device_name(device: jax.Device) -> str:
+  """``'NVIDIA H100 80GB HBM3 (gpu)'``; just ``'cpu'`` where the kind is the platform."""
+  kind = device.device_kind
+  return kind if kind == device.platform else f"{kind} ({device.platform})"

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.sharding import Mesh
-from timing import balanced_ratio, quantiles
+from timing import balanced_ratio, device_name, quantiles
 
 import optcore
 
@@ -175,9 +175,7 @@ def measure_steps(rounds: int, steps: int, quick: bool) -> tuple[list[dict], dic
       f"{row['base_ms']:.2f} ms; state bytes {row['bytes']} vs {row['base_bytes']}"
     )
   total = sum(x.size for x in jax.tree.leaves(params))
-  kind = device.device_kind
-  name = kind if kind == device.platform else f"{kind} ({device.platform})"
-  return rows, {"params": total, "device": name}
+  return rows, {"params": total, "device": device_name(device)}
 
 
 def loss_curves(steps: int) -> dict[str, list[float]]:

@@ -26,7 +26,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from state_memory import state_bytes_per_device
-from timing import balanced_ratio, compiled_costs, quantiles
+from timing import balanced_ratio, compiled_costs, device_name, quantiles
 
 import optcore
 
@@ -129,7 +129,7 @@ def main() -> None:
     params = jax.device_put(small, replicated)
     args.rounds = 2
   total_params = sum(x.size for x in jax.tree.leaves(params))
-  machine = f"{devices[0].device_kind} ({devices[0].platform}) x8, jax {jax.__version__}"
+  machine = f"{device_name(devices[0])} x8, jax {jax.__version__}"
   print(f"device: {machine}; {total_params / 1e6:.1f}M parameters, replicated")
   rows = []
   for name, opt_def in optimizers().items():

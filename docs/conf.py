@@ -23,7 +23,6 @@ extensions = [
   "myst_parser",
   "sphinx.ext.autodoc",
   "sphinx.ext.napoleon",
-  "sphinx.ext.viewcode",
   "sphinx_design",
   "benchmark_report",
   "optax_alias",
@@ -36,7 +35,10 @@ exclude_patterns = ["_build", "README.md"]
 
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
-autodoc_default_options = {"members": False}
+# No viewcode: its source pages linked back to anchors under the names the code is defined
+# at (optcore._src...), not the public names the reference documents.
+# No default options: each entry says what it shows (``:members:`` lists a class's public
+# methods). A default of ``{"members": False}`` silently overrode every ``:members:``.
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 

@@ -9,6 +9,7 @@ page shows the numbers of the last committed run and never a pasted copy.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
@@ -32,6 +33,11 @@ def load_suite(results: Path = RESULTS) -> dict:
       "them) and commit the results the documentation should show"
     )
   return json.loads((results / "suite.json").read_text())
+
+
+def _device(report: dict) -> str:
+  """The report's device, ``'cpu (cpu)'`` (as reports before the fix wrote it) read as ``'cpu'``."""
+  return re.sub(r"^(\S+) \(\1\)", r"\1", report["device"])
 
 
 def plot_step_ratios(report: dict, out: Path) -> None:
@@ -65,7 +71,7 @@ def plot_step_ratios(report: dict, out: Path) -> None:
   low = min(min(r[f][1] for f in FACES) for r in rows)
   high = max(max(r[f][2] for f in FACES) for r in rows)
   ax.set_ylim(min(0.8, low - 0.02), max(1.2, high + 0.02))
-  ax.set_title(f"Jitted step, optcore over raw optax ({report['device']})", fontsize=9)
+  ax.set_title(f"Jitted step, optcore over raw optax ({_device(report)})", fontsize=9)
   ax.legend(fontsize=7, ncol=5, loc="upper left")
   fig.tight_layout()
   out.parent.mkdir(parents=True, exist_ok=True)
@@ -101,7 +107,7 @@ def plot_grouped(report: dict, out: Path) -> None:
   compiles.axhline(1.0, color="black", lw=0.8)
   compiles.set_xticks(range(len(rows)), [r["model"] for r in rows], fontsize=7, rotation=30)
   compiles.set_title("Trace + compile", fontsize=9)
-  fig.suptitle(f"optcore.grouped over raw optax per leaf ({report['device']})", fontsize=9)
+  fig.suptitle(f"optcore.grouped over raw optax per leaf ({_device(report)})", fontsize=9)
   fig.tight_layout()
   out.parent.mkdir(parents=True, exist_ok=True)
   fig.savefig(out)

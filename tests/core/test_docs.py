@@ -3,6 +3,8 @@ block belongs to a guide test, and the API reference has an entry for every publ
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from doc_blocks import (
   BLOCKS,
@@ -47,3 +49,25 @@ def test_the_api_reference_lists_every_public_name_of_optcore():
 def test_public_names_sees_a_submodules_names():
   assert "optcore.legacy.Adam" in public_names(optcore)
   assert "optcore.adapter.step" in public_names(optcore)
+
+
+def test_the_link_check_finds_a_missing_page_and_a_missing_anchor(tmp_path):
+  """docs/_tools/check_links.py, which nox -s docs runs on the built site."""
+  import importlib.util
+
+  spec = importlib.util.spec_from_file_location(
+    "check_links", Path(__file__).resolve().parents[2] / "docs" / "_tools" / "check_links.py"
+  )
+  check_links = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(check_links)
+  (tmp_path / "api").mkdir()
+  (tmp_path / "index.html").write_text(
+    '<a href="api/page.html#there">ok</a> <a href="api/page.html#gone">anchor</a> '
+    '<a href="missing.html">page</a> <a href="https://example.org/x.html">external</a>'
+  )
+  (tmp_path / "api" / "page.html").write_text('<dt id="there">x</dt><a href="../index.html">up</a>')
+  problems = check_links.broken_links(tmp_path)
+  assert problems == [
+    "index.html: api/page.html#gone (no id 'gone' in page.html)",
+    "index.html: missing.html (no file missing.html)",
+  ]
