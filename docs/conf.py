@@ -25,6 +25,7 @@ extensions = [
   "sphinx.ext.napoleon",
   "sphinx_design",
   "benchmark_report",
+  "codediff",
   "optax_alias",
 ]
 myst_enable_extensions = ["colon_fence", "deflist"]
