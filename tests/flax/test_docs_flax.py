@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from doc_blocks import block_id, blocks_for, documented_names, public_names, run_block
-from doctests import failures_in, modules_of
+from doctests import failures_in, missing_sections, modules_of
 
 import optcore_flax
 
@@ -30,3 +30,17 @@ def test_the_api_reference_lists_every_public_name_of_optcore_flax():
 def test_docstring_examples_run(module):
   failures = failures_in(module, optcore_flax)
   assert failures == 0, f"{failures} docstring example(s) failed in {module.__name__}"
+
+
+# The entry points a user calls, with whether each raises on bad input (issue 30).
+ENTRY_POINTS = {
+  "create_sharded": (optcore_flax.create_sharded, True),
+  "optimizer_shardings": (optcore_flax.optimizer_shardings, True),
+  "derive_logical_axes": (optcore_flax.derive_logical_axes, True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ENTRY_POINTS))
+def test_entry_points_document_args_returns_raises_and_an_example(name):
+  obj, raises = ENTRY_POINTS[name]
+  assert missing_sections(obj, raises) == [], name

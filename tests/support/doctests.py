@@ -23,3 +23,15 @@ def failures_in(module: ModuleType, package: ModuleType) -> int:
     if test.examples and (test.filename or "").startswith(str(package.__path__[0])):
       runner.run(test)
   return runner.failures
+
+
+def missing_sections(obj, raises: bool) -> list[str]:
+  """The sections an entry point's docstring lacks, optax's ``alias.py`` style: ``Args:``
+  (where it takes arguments), ``Returns:``, ``Raises:`` (where it raises on bad input) and
+  an example (``>>>``, which the doctest tests run)."""
+  import inspect
+
+  doc = inspect.getdoc(obj) or ""
+  takes = [p for p in inspect.signature(obj).parameters if p not in ("self", "cls")]
+  wanted = {"Args:": bool(takes), "Returns:": True, "Raises:": raises, ">>>": True}
+  return [section for section, needed in wanted.items() if needed and section not in doc]

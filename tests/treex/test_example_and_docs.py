@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from doc_blocks import block_id, blocks_for, documented_names, public_names, run_block
-from doctests import failures_in, modules_of
+from doctests import failures_in, missing_sections, modules_of
 from example_runner import run_example
 
 import optcore_treex
@@ -34,3 +34,19 @@ def test_the_api_reference_lists_every_public_name_of_optcore_treex():
 def test_docstring_examples_run(module):
   failures = failures_in(module, optcore_treex)
   assert failures == 0, f"{failures} docstring example(s) failed in {module.__name__}"
+
+
+# The entry points a user calls, with whether each raises on bad input (issue 30).
+ENTRY_POINTS = {
+  "Optimizer.init": (optcore_treex.Optimizer.init, True),
+  "Optimizer.update": (optcore_treex.Optimizer.update, True),
+  "Optimizer.state_dict": (optcore_treex.Optimizer.state_dict, True),
+  "Optimizer.restore_state": (optcore_treex.Optimizer.restore_state, True),
+  "Optimizer.transplant": (optcore_treex.Optimizer.transplant, True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ENTRY_POINTS))
+def test_entry_points_document_args_returns_raises_and_an_example(name):
+  obj, raises = ENTRY_POINTS[name]
+  assert missing_sections(obj, raises) == [], name

@@ -74,6 +74,9 @@ class Optimizer(eqx.Module):
     (see `optcore.OptimizerDef.current_hyper_params`); works under
     ``eqx.filter_jit``.
 
+    Returns:
+      ``{name: scalar array}``: ``'learning_rate'``, ``'0/learning_rate'`` per group, ...
+
     Example:
       >>> import equinox as eqx, jax, optax
       >>> import optcore, optcore_equinox
@@ -110,11 +113,31 @@ class Optimizer(eqx.Module):
   ) -> tuple[PyTree, Optimizer]:
     """Applies one step: returns ``(new_model, new_optimizer)``.
 
-    ``grads`` has the model's structure (``eqx.filter_grad`` gives it); leaves
-    outside ``wrt`` are ignored. A None or missing gradient for an optimised
-    leaf raises `optcore.TreeMismatchError` naming its path. Keyword
-    arguments override hyper-parameters for this step (``learning_rate=lr``);
-    ``extra_args`` go to optax's update (``value=loss`` for polyak_sgd, ...).
+    Args:
+      grads: the model's structure (``eqx.filter_grad`` gives it); leaves
+        outside ``wrt`` are ignored.
+      model: the model, whose optimised leaves are updated.
+      extra_args: keyword arguments for optax's update (``value=loss`` for
+        polyak_sgd, ...).
+      **overrides: hyper-parameter values for this step (``learning_rate=lr``).
+
+    Returns:
+      ``(new_model, new_optimizer)``; this optimizer is untouched.
+
+    Raises:
+      optcore.TreeMismatchError: a None, missing or misshapen gradient for an
+        optimised leaf (named by its path).
+      TypeError: an override the definition does not have or refuses.
+
+    Example:
+      >>> import equinox as eqx, jax, jax.numpy as jnp
+      >>> import optcore, optcore_equinox
+      >>> model = eqx.nn.Linear(2, 1, key=jax.random.key(0))
+      >>> opt = optcore_equinox.Optimizer(optcore.sgd(0.1), model)
+      >>> grads = jax.tree.map(jnp.ones_like, model)
+      >>> new_model, opt = opt.update(grads, model, learning_rate=0.5)
+      >>> bool(jnp.allclose(new_model.bias, model.bias - 0.5)), int(opt.state.step)
+      (True, 1)
     """
     params, static = eqx.partition(model, self.wrt)
     new_params, new_state = adapter.step(
@@ -128,16 +151,44 @@ class Optimizer(eqx.Module):
     return eqx.combine(new_params, static), eqx.tree_at(lambda o: o.state, self, new_state)
 
   def state_dict(self) -> dict[str, Any]:
-    """``{'state': {'step': ..., 'param_states': ...}}``: the core's layout, so
-    the state moves to and from the core and Flax optimizers."""
+    """The optimizer's state dict, for a checkpoint.
+
+    Returns:
+      ``{'state': {'step': ..., 'param_states': ...}}``: the core's layout, so
+      the state moves to and from the core, Flax and Treex optimizers.
+
+    Example:
+      >>> import equinox as eqx, jax
+      >>> import optcore, optcore_equinox
+      >>> model = eqx.nn.Linear(2, 1, key=jax.random.key(0))
+      >>> written = optcore_equinox.Optimizer(optcore.adam(1e-3), model).state_dict()
+      >>> sorted(written['state']['param_states']['0'])
+      ['count', 'mu', 'nu']
+    """
     return adapter.state_dict(self.optimizer_def, self.state)
 
   def restore_state(self, state_dict: Mapping[str, Any]) -> Optimizer:
     """A new Optimizer holding ``state_dict['state']``; this one is untouched.
 
-    Takes this adapter's state dict or a core/Flax optimizer's (whose
-    ``'target'`` is ignored: the model is yours). Raises
-    `optcore.StateDictError` naming the path on any mismatch.
+    Args:
+      state_dict: this adapter's state dict, or a core/Flax/Treex optimizer's
+        (a ``'target'`` is ignored: the model is yours).
+
+    Returns:
+      The restored optimizer.
+
+    Raises:
+      optcore.StateDictError: a key, shape or dtype that differs (named by
+        its path); `optcore.transplant` is the lenient way.
+
+    Example:
+      >>> import equinox as eqx, jax, jax.numpy as jnp
+      >>> import optcore, optcore_equinox
+      >>> model = eqx.nn.Linear(2, 1, key=jax.random.key(0))
+      >>> opt = optcore_equinox.Optimizer(optcore.adam(1e-3), model)
+      >>> _, stepped = opt.update(jax.tree.map(jnp.ones_like, model), model)
+      >>> int(opt.restore_state(stepped.state_dict()).state.step)
+      1
     """
     state = adapter.restore_state(self.optimizer_def, self.state, state_dict)
     return eqx.tree_at(lambda o: o.state, self, state)

@@ -56,7 +56,30 @@ def param_logical_axes(params: PyTree) -> PyTree:
 
 
 def derive_logical_axes(optimizer: optcore.Optimizer, params: PyTree) -> optcore.Optimizer:
-  """``optimizer``'s logical axes, given the boxed params or their specs."""
+  """``optimizer``'s logical axes, from Linen or nnx partitioning metadata.
+
+  Args:
+    optimizer: an optimizer over the (unboxed) parameters.
+    params: the boxed parameters, an ``nnx.State`` with axis names, or their specs.
+
+  Returns:
+    An Optimizer-shaped tree of `PartitionSpec` objects (logical names).
+
+  Raises:
+    optcore.PartitionRuleError: a state leaf whose axes cannot be derived (named by path).
+
+  Example:
+    >>> import jax, jax.numpy as jnp, flax.linen as nn
+    >>> import optcore, optcore_flax
+    >>> init = nn.with_logical_partitioning(nn.initializers.ones, ('embed', 'mlp'))
+    >>> boxed = nn.Dense(3, kernel_init=init, use_bias=False).init(
+    ...     jax.random.key(0), jnp.ones((1, 2)))
+    >>> opt = optcore.adam(1e-3).create(nn.unbox(boxed))
+    >>> axes = optcore_flax.derive_logical_axes(opt, boxed)
+    >>> axes.state.param_states[0].mu['params']['kernel'] == jax.sharding.PartitionSpec(
+    ...     'embed', 'mlp')
+    True
+  """
   return optimizer.optimizer_def.derive_logical_axes(optimizer, param_logical_axes(params))
 
 
@@ -69,9 +92,37 @@ def optimizer_shardings(
   state_axis: str | None = None,
   state_memory_kind: str | None = None,
 ) -> optcore.Optimizer:
-  """``optimizer``'s `NamedSharding` objects on ``mesh`` by Flax's ``logical_axis_rules``;
-  ``state_axis`` (ZeRO-1) also splits every state leaf over that mesh axis;
-  ``state_memory_kind="pinned_host"`` keeps the state in host memory between steps."""
+  """``optimizer``'s `NamedSharding` objects on ``mesh`` by Flax's ``logical_axis_rules``.
+
+  Args:
+    optimizer: an optimizer over the (unboxed) parameters.
+    params: the boxed parameters, an ``nnx.State`` with axis names, or their specs.
+    mesh: the device mesh.
+    logical_axis_rules: ``(logical_name, mesh_axes)`` pairs.
+    state_axis: a mesh axis to split every state leaf over (ZeRO-1).
+    state_memory_kind: ``"pinned_host"`` keeps the state in host memory between steps.
+
+  Returns:
+    An Optimizer-shaped tree of `NamedSharding` objects, for a jitted step's
+    in and out shardings.
+
+  Raises:
+    optcore.PartitionRuleError: axes that do not fit a leaf (named by path).
+    ValueError: an unknown ``state_axis`` or memory kind.
+
+  Example:
+    >>> import jax, jax.numpy as jnp, numpy as np, flax.linen as nn
+    >>> import optcore, optcore_flax
+    >>> init = nn.with_logical_partitioning(nn.initializers.ones, ('embed', 'mlp'))
+    >>> boxed = nn.Dense(4, kernel_init=init, use_bias=False).init(
+    ...     jax.random.key(0), jnp.ones((1, 2)))
+    >>> opt = optcore.adam(1e-3).create(nn.unbox(boxed))
+    >>> mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ('model',))
+    >>> shardings = optcore_flax.optimizer_shardings(opt, boxed, mesh, [('mlp', 'model')])
+    >>> shardings.state.param_states[0].nu['params']['kernel'].spec == jax.sharding.PartitionSpec(
+    ...     None, 'model')
+    True
+  """
   return optimizer.optimizer_def.derive_shardings(
     optimizer,
     param_logical_axes(params),
@@ -92,9 +143,23 @@ def create_sharded(
   state_memory_kind: str | None = None,
 ) -> optcore.Optimizer:
   """An optimizer over the unboxed ``boxed_params``, created sharded by their
-  Linen logical axes and Flax's ``logical_axis_rules``; ``state_axis`` (ZeRO-1)
-  also splits every state leaf over that mesh axis, and
-  ``state_memory_kind="pinned_host"`` keeps the state in host memory between steps.
+  Linen (or nnx) logical axes and Flax's ``logical_axis_rules``.
+
+  Args:
+    optimizer_def: the definition (``contrib.muon`` reads its matrices from the axes).
+    boxed_params: parameters boxed by ``nn.with_logical_partitioning``, or an
+      ``nnx.State`` of Params with axis names.
+    mesh: the device mesh.
+    logical_axis_rules: ``(logical_name, mesh_axes)`` pairs.
+    state_axis: a mesh axis to split every state leaf over (ZeRO-1).
+    state_memory_kind: ``"pinned_host"`` keeps the state in host memory between steps.
+
+  Returns:
+    An `optcore.Optimizer` whose target and state live sharded on ``mesh``.
+
+  Raises:
+    optcore.PartitionRuleError: a dimension the mesh does not divide, or axes
+      no rule covers (named by path).
 
   Example:
     >>> import jax, jax.numpy as jnp, numpy as np, flax.linen as nn

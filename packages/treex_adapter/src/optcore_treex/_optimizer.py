@@ -89,6 +89,9 @@ class Optimizer(to.Tree):
     logging: a flat dict of scalar arrays, schedules evaluated at this step
     (see `optcore.OptimizerDef.current_hyper_params`); works inside ``jit``.
 
+    Returns:
+      ``{name: scalar array}``: ``'learning_rate'``, ``'0/learning_rate'`` per group, ...
+
     Example:
       >>> import jax.numpy as jnp, optax
       >>> import optcore, optcore_treex
@@ -121,7 +124,24 @@ class Optimizer(to.Tree):
     return self.optimizer_def.ema_params(self.state)
 
   def init(self, params: PyTree) -> Optimizer:
-    """A new optimizer initialised for ``params``; this one is not changed."""
+    """A new optimizer initialised for ``params``; this one is not changed.
+
+    Args:
+      params: the parameters (any pytree: a dict, a treeo Tree's filtered fields).
+
+    Returns:
+      The initialised optimizer.
+
+    Raises:
+      TypeError: a parameter that is not a floating array (named by its path).
+
+    Example:
+      >>> import jax.numpy as jnp, optax
+      >>> import optcore_treex
+      >>> optimizer = optcore_treex.Optimizer(optax.sgd(0.1)).init({'w': jnp.ones(2)})
+      >>> optimizer.initialized
+      True
+    """
     module = to.copy(self)
     state = self.optimizer_def.init_state(params)
     module.opt_state = state.param_states
@@ -142,6 +162,15 @@ class Optimizer(to.Tree):
     Keyword arguments override hyper-parameters for this step
     (``learning_rate=lr``), an optcore addition to Treex's API.
 
+    Args:
+      grads: the gradients, in the parameters' structure.
+      params: the parameters (needed with ``apply_updates=True``).
+      apply_updates: False: return optax-style updates instead.
+      **hyper_param_overrides: values for this step only.
+
+    Returns:
+      The new parameters, or the updates.
+
     Raises:
       RuntimeError: the optimizer is not initialised.
       ValueError: ``params`` is missing with ``apply_updates=True``, or the
@@ -149,6 +178,14 @@ class Optimizer(to.Tree):
       optcore.TreeMismatchError: ``grads`` and ``params`` differ in structure.
 
     A failed update leaves the state as it was.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> import optcore, optcore_treex
+      >>> params = {'w': jnp.ones(2)}
+      >>> optimizer = optcore_treex.Optimizer(optcore.sgd(0.1)).init(params)
+      >>> optimizer.update({'w': jnp.ones(2)}, params, learning_rate=0.5)['w']
+      Array([0.5, 0.5], dtype=float32)
     """
     if not self.initialized:
       raise RuntimeError(
@@ -188,6 +225,19 @@ class Optimizer(to.Tree):
     transformation that keeps one; a transformation with no count (plain
     sgd) has no step to write, and its state dict has ``param_states`` only:
     it restores in this face, and in the others after adding ``'step'``.
+
+    Returns:
+      ``{'state': {'step': ..., 'param_states': ...}}``.
+
+    Raises:
+      RuntimeError: the optimizer is not initialised.
+
+    Example:
+      >>> import jax.numpy as jnp, optax
+      >>> import optcore_treex
+      >>> optimizer = optcore_treex.Optimizer(optax.adam(0.1)).init({'w': jnp.ones(2)})
+      >>> sorted(optimizer.state_dict()['state'])
+      ['param_states', 'step']
     """
     self._check_initialized()
     return adapter.state_dict(self.optimizer_def, self.state)
@@ -196,7 +246,28 @@ class Optimizer(to.Tree):
     """A new optimizer holding ``state_dict['state']`` (this adapter's, the
     core's or Flax's layout); this one is untouched. The step of a core or
     Flax checkpoint is read where this optimizer keeps one; an optax
-    transformation's counts are in its state."""
+    transformation's counts are in its state.
+
+    Args:
+      state_dict: this adapter's state dict, or a core/Flax/Equinox one's.
+
+    Returns:
+      The restored optimizer.
+
+    Raises:
+      RuntimeError: the optimizer is not initialised.
+      optcore.StateDictError: a key, shape or dtype that differs (named by its path).
+
+    Example:
+      >>> import jax.numpy as jnp, optax
+      >>> import optcore_treex
+      >>> params = {'w': jnp.ones(2)}
+      >>> optimizer = optcore_treex.Optimizer(optax.adam(0.1)).init(params)
+      >>> saved = optimizer.state_dict()
+      >>> params = optimizer.update({'w': jnp.ones(2)}, params)
+      >>> int(optimizer.restore_state(saved).state.step)
+      0
+    """
     self._check_initialized()
     reference = optcore.OptimizerState(self.step, self.opt_state)  # a None step is not read
     state = adapter.restore_state(self.optimizer_def, reference, state_dict)

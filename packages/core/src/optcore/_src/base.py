@@ -128,7 +128,24 @@ class OptimizerDef(
   # The whole-tree interface.
 
   def init_state(self, params: PyTree) -> OptimizerState:
-    """The state at step 0 for ``params``."""
+    """The state at step 0 for ``params``.
+
+    Args:
+      params: the parameters, a pytree of floating (or complex) arrays.
+
+    Returns:
+      An `OptimizerState`: step 0 and each parameter's initial state.
+
+    Raises:
+      TypeError: a parameter is not a floating array (the message names its path).
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from optcore import legacy
+      >>> state = legacy.Momentum(0.1).init_state({'w': jnp.ones(2)})
+      >>> int(state.step), state.param_states['w'].momentum
+      (0, Array([0., 0.], dtype=float32))
+    """
     check_float_params(params)
     return OptimizerState(
       jnp.asarray(0, dtype=jnp.int32), jax.tree.map(self.init_param_state, params)
@@ -142,7 +159,32 @@ class OptimizerDef(
     grads: PyTree,
     **extra_args: Any,
   ) -> tuple[PyTree, OptimizerState]:
-    """Applies one step; returns ``(new_params, new_state)``."""
+    """Applies one step to ``params`` (the functional form `Optimizer.apply_gradient` calls).
+
+    Args:
+      hyper_params: the hyper-parameters for this step (`update_hyper_params`).
+      params: the parameters.
+      state: their `OptimizerState`.
+      grads: the gradients, in the parameters' structure.
+      **extra_args: extra update arguments, for a definition that takes them.
+
+    Returns:
+      ``(new_params, new_state)``, the step one more.
+
+    Raises:
+      TypeError: ``extra_args`` given to a definition that takes none.
+      optcore.MissingHyperParameterError: no learning rate, here or in the constructor.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from optcore import legacy
+      >>> opt_def = legacy.GradientDescent(0.5)
+      >>> params = {'w': jnp.ones(2)}
+      >>> new_params, state = opt_def.apply_gradient(
+      ...     opt_def.hyper_params, params, opt_def.init_state(params), {'w': jnp.ones(2)})
+      >>> new_params['w'], int(state.step)
+      (Array([0.5, 0.5], dtype=float32), 1)
+    """
     if extra_args:
       raise TypeError(
         f"{type(self).__name__} takes no extra update arguments; got {sorted(extra_args)}"
@@ -252,16 +294,51 @@ class OptimizerDef(
     return frozenset(self.hyper_params)
 
   def update_hyper_params(self, **hyper_param_overrides: Any) -> HyperParams:
-    """The hyper-parameters for one step: ``hyper_params=`` replaces them all,
-    any other keyword replaces one; an unknown name raises TypeError."""
+    """The hyper-parameters for one step, with overrides.
+
+    Args:
+      **hyper_param_overrides: ``hyper_params=`` replaces them all; any other
+        keyword (``learning_rate=lr``) replaces one (arrays and traced values
+        included: no recompile per value).
+
+    Returns:
+      A `HyperParams`.
+
+    Raises:
+      TypeError: a name the definition does not have (the message lists
+        `overridable_names`), or an override the definition refuses.
+
+    Example:
+      >>> import optcore
+      >>> optcore.adam(1e-3).update_hyper_params(learning_rate=1e-4).learning_rate
+      0.0001
+    """
     return overrides.resolve(self, **hyper_param_overrides)
 
   def create(self, target: PyTree, focus: Any = None) -> Optimizer:
     """An `Optimizer` over ``target`` with its initial state.
 
-    With ``focus`` (any selector, see `selector_mask`) only the selected
-    leaves are optimised, as in flax.optim: the definition becomes
-    ``MultiOptimizer((focus, self))`` and the other leaves stay frozen.
+    Args:
+      target: the parameters to optimise.
+      focus: optional, any selector (see `selector_mask`): only the selected
+        leaves are optimised, as in flax.optim; the definition becomes
+        ``MultiOptimizer((focus, self))`` and the other leaves stay frozen.
+
+    Returns:
+      An `Optimizer` at step 0.
+
+    Raises:
+      TypeError: a parameter is not a floating array (named by its path).
+      optcore.SelectorError: ``focus`` is not a selector, or selects nothing.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> import optcore
+      >>> params = {'kernel': jnp.ones(2), 'bias': jnp.zeros(2)}
+      >>> opt = optcore.adam(1e-2).create(params, focus=r'kernel')
+      >>> opt = opt.apply_gradient({'kernel': jnp.ones(2), 'bias': jnp.ones(2)})
+      >>> opt.target['bias']  # frozen
+      Array([0., 0.], dtype=float32)
     """
     if focus is not None:
       # The one cycle in the core, as in flax.optim's own base module: focus is a

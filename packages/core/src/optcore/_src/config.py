@@ -99,7 +99,30 @@ class Schedule:
 
 
 def from_config(config: Mapping[str, Any], *, _path: str = "") -> OptimizerDef:
-  """The `OptimizerDef` a config describes; `ConfigError` names a bad field."""
+  """The `OptimizerDef` a config describes (plain data: JSON, YAML, a gin binding).
+
+  Args:
+    config: ``{"name": "adamw", "learning_rate": 1e-3, ...}``; ``"multi"``,
+      ``"chain"``, ``"accumulate"``, ``"mixed_precision"``, ``"ema"`` and
+      ``"grouped"`` nest further configs (docs: Configs as data).
+
+  Returns:
+    The definition.
+
+  Raises:
+    optcore.config.ConfigError: an unknown name or argument, or a bad value
+      (the message names the field's path).
+
+  Example:
+    >>> import optcore
+    >>> opt_def = optcore.config.from_config({'name': 'adamw', 'learning_rate': 1e-3})
+    >>> opt_def.hyper_params.learning_rate
+    0.001
+    >>> optcore.config.from_config({'name': 'adamw', 'lr': 1e-3})
+    Traceback (most recent call last):
+    ...
+    optcore.config.ConfigError: ...
+  """
   where = _path or "config"
   if not isinstance(config, Mapping):
     raise ConfigError(f"at {where!r}: expected a dict with a 'name' key, found {config!r}")
@@ -128,8 +151,22 @@ def from_config(config: Mapping[str, Any], *, _path: str = "") -> OptimizerDef:
 def to_config(opt_def: OptimizerDef) -> dict[str, Any]:
   """The config of ``opt_def``: JSON-able, the non-default hyper-parameters.
 
-  Raises `ConfigError` for what a config cannot express (selectors other than
-  regexes, ready optax transformations, schedules that are not `Schedule` objects).
+  Args:
+    opt_def: a definition built from names (an alias, a legacy algorithm, a
+      MultiOptimizer with regex selectors, a wrapper of those).
+
+  Returns:
+    A dict that `from_config` turns back into an equal definition.
+
+  Raises:
+    optcore.config.ConfigError: what a config cannot express (selectors other
+      than regexes, ready optax transformations, schedules that are not
+      `Schedule` objects).
+
+  Example:
+    >>> import optcore
+    >>> optcore.config.to_config(optcore.adamw(1e-3, weight_decay=0.1))
+    {'name': 'adamw', 'learning_rate': 0.001, 'weight_decay': 0.1}
   """
   if isinstance(opt_def, MultiOptimizer):
     groups = []

@@ -49,6 +49,13 @@ class ExportMethods:
     Extra update arguments are ignored, as optax transformations that need
     none ignore them.
 
+    Returns:
+      An ``optax.GradientTransformationExtraArgs``; its ``update`` needs ``params``.
+
+    Raises:
+      TypeError: a definition whose state cannot be optax's (``optcore.grouped``
+        keeps the parameters in its own layout).
+
     Example:
       >>> import jax.numpy as jnp, optax
       >>> import optcore

@@ -93,6 +93,24 @@ class Optimizer(Generic[T]):
         polyak_sgd, ``value``/``grad``/``value_fn`` for lbfgs, ...).
       **hyper_param_overrides: hyper-parameter values for this step only,
         e.g. ``learning_rate=lr``; traced values do not cause recompiles.
+
+    Returns:
+      A new Optimizer: the updated target, the state one step on. This one is untouched.
+
+    Raises:
+      optcore.TreeMismatchError: ``grads`` lacks a parameter's gradient, has
+        one of another shape, or another structure (the message names the path).
+      TypeError: an override the definition does not have or refuses.
+      optcore.MissingHyperParameterError: no learning rate anywhere.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> import optcore
+      >>> opt = optcore.sgd(0.1).create({'w': jnp.ones(2)})
+      >>> step = jax.jit(lambda o, g, lr: o.apply_gradient(g, learning_rate=lr))
+      >>> opt = step(opt, {'w': jnp.ones(2)}, 0.5)
+      >>> opt.target['w'], int(opt.state.step)
+      (Array([0.5, 0.5], dtype=float32), 1)
     """
     new_target, new_state = apply_step(
       self.optimizer_def,
@@ -106,8 +124,22 @@ class Optimizer(Generic[T]):
     return self.replace(target=new_target, state=new_state)
 
   def compute_gradient(self, loss_fn: Callable[[T], Any]) -> tuple:
-    """flax.optim's helper: ``(loss, grad)`` of ``loss_fn(target)``, or
-    ``(loss, aux, grad)`` when it returns ``(loss, aux)``."""
+    """flax.optim's helper: the loss and its gradient with respect to the target.
+
+    Args:
+      loss_fn: ``target -> loss``, or ``target -> (loss, aux)``.
+
+    Returns:
+      ``(loss, grad)``, or ``(loss, aux, grad)`` when ``loss_fn`` returns ``(loss, aux)``.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> import optcore
+      >>> opt = optcore.sgd(0.1).create({'w': jnp.ones(2)})
+      >>> loss, grad = opt.compute_gradient(lambda p: jnp.sum(p['w'] ** 2))
+      >>> float(loss), grad['w']
+      (2.0, Array([2., 2.], dtype=float32))
+    """
 
     def wrapped(target):
       out = loss_fn(target)
@@ -157,6 +189,9 @@ class Optimizer(Generic[T]):
     step, per group for a `MultiOptimizer` (``'0/learning_rate'``). Works
     inside ``jit``; a schedule's value changes without a recompile.
 
+    Returns:
+      ``{name: scalar array}``: ``'learning_rate'``, ``'0/learning_rate'`` per group, ...
+
     Example:
       >>> import jax, jax.numpy as jnp, optax
       >>> import optcore
@@ -174,11 +209,43 @@ class Optimizer(Generic[T]):
     return self.optimizer_def.ema_params(self.state)
 
   def state_dict(self) -> dict[str, Any]:
-    """The state dict in Flax's layout: ``{'target': ..., 'state': ...}``."""
+    """The state dict in Flax's layout, for a checkpoint (orbax, msgpack, ...).
+
+    Returns:
+      ``{'target': ..., 'state': {'step': ..., 'param_states': ...}}``: nested
+      dicts of arrays with string keys; every face reads its ``'state'``.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> import optcore
+      >>> written = optcore.adam(1e-3).create({'w': jnp.ones(2)}).state_dict()
+      >>> sorted(written), sorted(written['state']['param_states']['0'])
+      (['state', 'target'], ['count', 'mu', 'nu'])
+    """
     return self.optimizer_def.state_dict(self.target, self.state)
 
   def restore_state(self, state_dict: Mapping[str, Any]) -> Optimizer[T]:
-    """A new Optimizer holding what ``state_dict`` holds; this one is untouched."""
+    """A new Optimizer holding what ``state_dict`` holds; this one is untouched.
+
+    Args:
+      state_dict: ``{'target': ..., 'state': ...}`` as `state_dict` writes it
+        (or a flax.optim / T5X checkpoint's dict, for their definitions).
+
+    Returns:
+      The restored Optimizer.
+
+    Raises:
+      optcore.StateDictError: a missing or extra key, a shape or a dtype that
+        differ, named by its path (`optcore.transplant` is the lenient way).
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> import optcore
+      >>> opt = optcore.adam(1e-3).create({'w': jnp.ones(2)})
+      >>> saved = opt.apply_gradient({'w': jnp.ones(2)}).state_dict()
+      >>> int(opt.restore_state(saved).state.step)
+      1
+    """
     target, state = self.optimizer_def.restore_state(self.target, self.state, state_dict)
     return self.replace(target=target, state=state)
 
@@ -188,6 +255,14 @@ class Optimizer(Generic[T]):
     """This optimizer holding what ``state_dict`` still has for its state (same
     parameter, role and shape), and a report; see `optcore.transplant`. The
     target is this optimizer's; this one is untouched.
+
+    Args:
+      state_dict: any face's state dict, or an old flax.optim or T5X checkpoint's.
+      params: not taken (this optimizer holds its target); for `optcore.transplant`'s
+        one signature.
+
+    Returns:
+      ``(new_optimizer, report)``: a `TransplantReport`.
 
     Raises:
       TypeError: ``params`` given (this optimizer holds its target).

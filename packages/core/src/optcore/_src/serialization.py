@@ -104,6 +104,13 @@ def state_only_dict(optimizer_def: Any, state: Any) -> dict[str, Any]:
   A ``state.step`` of None (a face that keeps no step of its own, with no
   optax ``count`` to read it from) is left out: ``{'state': {'param_states': ...}}``.
 
+  Args:
+    optimizer_def: the definition ``state`` belongs to.
+    state: its `OptimizerState`.
+
+  Returns:
+    ``{'state': {'step': ..., 'param_states': ...}}``, readable by every face.
+
   Example:
     >>> import jax.numpy as jnp
     >>> import optcore
@@ -128,6 +135,18 @@ def restore_state_only(optimizer_def: Any, state: Any, state_dict: Any) -> Any:
 
   Where ``state.step`` is None (the face keeps no step), a ``'step'`` in the
   state dict is optional and ignored, and the result's step is None.
+
+  Args:
+    optimizer_def: the definition ``state`` belongs to.
+    state: the `OptimizerState` whose structure, shapes and dtypes it must have.
+    state_dict: ``{'state': ...}``, with or without ``'target'``.
+
+  Returns:
+    The restored `OptimizerState`.
+
+  Raises:
+    optcore.StateDictError: no ``'state'``, or a key, shape or dtype that
+      differs (named by its path).
 
   Example:
     >>> import jax.numpy as jnp
@@ -374,7 +393,25 @@ class StateDictMethods:
   legacy_state_dicts: bool
 
   def state_dict(self, target: PyTree, state: OptimizerState) -> dict[str, Any]:
-    """``{'target': ..., 'state': {'step': ..., 'param_states': ...}}``, Flax's layout."""
+    """The state dict of ``target`` and ``state`` in Flax's layout.
+
+    Args:
+      target: the parameters (None for a face that does not hold them).
+      state: their `OptimizerState`.
+
+    Returns:
+      ``{'target': ..., 'state': {'step': ..., 'param_states': ...}}``: nested
+      dicts of arrays, every key a string (`to_state_dict`).
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> import optcore
+      >>> opt_def = optcore.sgd(0.1, momentum=0.9)
+      >>> params = {'w': jnp.ones(2)}
+      >>> written = opt_def.state_dict(params, opt_def.init_state(params))
+      >>> sorted(written['state']), written['state']['param_states']['0']['trace']
+      (['param_states', 'step'], {'w': Array([0., 0.], dtype=float32)})
+    """
     return optimizer_state_dict(target, state)
 
   def restore_state(
@@ -382,11 +419,21 @@ class StateDictMethods:
   ) -> tuple[PyTree, OptimizerState]:
     """Reads a `state_dict` into the structure of ``target`` and ``state``.
 
-    Raises `StateDictError`, naming the path, for a missing or extra key, a
-    shape or a dtype that differ; nothing is changed then. With
-    `legacy_state_dicts` (flax.optim's interface), keys beside ``'target'``
-    and ``'state'`` are ignored and 64-bit NumPy values restore into their
-    32-bit state leaves, as in flax.optim and T5X.
+    With `legacy_state_dicts` (flax.optim's interface), keys beside
+    ``'target'`` and ``'state'`` are ignored and 64-bit NumPy values restore
+    into their 32-bit state leaves, as in flax.optim and T5X.
+
+    Args:
+      target: the parameters whose structure, shapes and dtypes it must have.
+      state: the `OptimizerState` likewise.
+      state_dict: ``{'target': ..., 'state': ...}`` as `state_dict` writes it.
+
+    Returns:
+      ``(target, state)`` holding the state dict's values.
+
+    Raises:
+      optcore.StateDictError: a missing or extra key, a shape or a dtype that
+        differ (the message names the path); nothing is changed then.
 
     Example:
       >>> import numpy as np, jax.numpy as jnp

@@ -348,6 +348,24 @@ class ShardingMethods:
     theirs; ``"unpinned_host"`` is refused (inside ``jit`` JAX cannot tell
     it from device memory).
 
+    Args:
+      optimizer: an Optimizer of this definition (or its ``jax.eval_shape``).
+      param_logical_axes: one `PartitionSpec` (logical names) per parameter;
+        None: replicated.
+      mesh: the device mesh (required).
+      logical_axis_rules: ``(logical_name, mesh_axes)`` pairs, Flax's format.
+      state_axis: a mesh axis to split every state leaf over (ZeRO-1).
+      state_memory_kind: ``"pinned_host"`` to keep the state in host memory.
+
+    Returns:
+      An Optimizer-shaped tree of `NamedSharding` objects.
+
+    Raises:
+      optcore.PartitionRuleError: a state leaf no rule covers, or axes that
+        do not fit a leaf (the message names the path).
+      ValueError: no mesh, an unknown ``state_axis``, or a memory kind the
+        devices lack.
+
     Example:
       >>> import jax, jax.numpy as jnp, numpy as np
       >>> from jax.sharding import Mesh, PartitionSpec as P
@@ -382,9 +400,25 @@ class ShardingMethods:
   ) -> Optimizer:
     """Like `create`, with the target and every state leaf created sharded on
     ``mesh`` (``jit`` with ``out_shardings``): no device ever holds the
-    whole state. ``state_axis`` and ``state_memory_kind`` as in
-    `derive_shardings`. Raises `PartitionRuleError` naming the leaf whose
-    dimension the mesh does not divide.
+    whole state.
+
+    Args:
+      target: the parameters.
+      param_logical_axes: one `PartitionSpec` (logical names) per parameter;
+        None: replicated. A definition that reads axes (``contrib.muon``) is
+        given them too.
+      mesh: the device mesh (required).
+      logical_axis_rules: ``(logical_name, mesh_axes)`` pairs, Flax's format.
+      state_axis: a mesh axis to split every state leaf over (ZeRO-1).
+      state_memory_kind: ``"pinned_host"`` to keep the state in host memory.
+
+    Returns:
+      An `Optimizer` whose target and state live sharded on ``mesh``.
+
+    Raises:
+      optcore.PartitionRuleError: a leaf whose dimension the mesh does not
+        divide, or axes no rule covers (named by path).
+      ValueError: as `derive_shardings`.
 
     Example:
       >>> import jax, jax.numpy as jnp, numpy as np

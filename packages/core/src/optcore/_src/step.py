@@ -33,6 +33,23 @@ def apply_step(
   the new state put back (`placement`). Every face calls this, so all refuse
   the same inputs with the same errors.
 
+  Args:
+    optimizer_def: the definition.
+    params: the parameters (None only with ``apply_updates=False`` for a
+      definition that needs none).
+    state: their `OptimizerState`.
+    grads: the gradients, in the parameters' structure.
+    extra_args: keyword arguments for an optax update that takes them.
+    apply_updates: False: return optax-style updates instead of new parameters.
+    **hyper_param_overrides: values for this step only (``learning_rate=lr``).
+
+  Returns:
+    ``(new_params, new_state)``, or ``(updates, new_state)``.
+
+  Raises:
+    optcore.TreeMismatchError: ``grads`` does not fit ``params`` (named by path).
+    TypeError: an override the definition does not have or refuses.
+
   Example:
     >>> import jax.numpy as jnp
     >>> import optcore
