@@ -21,6 +21,8 @@ ENTRY_POINTS = {
   "Optimizer.restore_state": (optcore_equinox.Optimizer.restore_state, True),
   "Optimizer.transplant": (optcore_equinox.Optimizer.transplant, True),
   "Optimizer.current_hyper_params": (optcore_equinox.Optimizer.current_hyper_params, False),
+  "Optimizer.shardings": (optcore_equinox.Optimizer.shardings, True),
+  "Optimizer.shard": (optcore_equinox.Optimizer.shard, True),
 }
 
 

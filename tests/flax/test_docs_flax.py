@@ -37,6 +37,8 @@ ENTRY_POINTS = {
   "create_sharded": (optcore_flax.create_sharded, True),
   "optimizer_shardings": (optcore_flax.optimizer_shardings, True),
   "derive_logical_axes": (optcore_flax.derive_logical_axes, True),
+  "param_logical_axes": (optcore_flax.param_logical_axes, False),
+  "install_legacy_namespace": (optcore_flax.install_legacy_namespace, False),
 }
 
 

@@ -43,6 +43,8 @@ ENTRY_POINTS = {
   "Optimizer.state_dict": (optcore_treex.Optimizer.state_dict, True),
   "Optimizer.restore_state": (optcore_treex.Optimizer.restore_state, True),
   "Optimizer.transplant": (optcore_treex.Optimizer.transplant, True),
+  "Optimizer.shardings": (optcore_treex.Optimizer.shardings, True),
+  "Optimizer.shard": (optcore_treex.Optimizer.shard, True),
 }
 
 

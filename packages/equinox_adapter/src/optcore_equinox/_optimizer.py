@@ -252,6 +252,34 @@ class Optimizer(eqx.Module):
     ``state_memory_kind="pinned_host"`` keeps every non-scalar state array in
     host memory between steps (each `update` brings it to the device and back).
     Pass the result to ``eqx.filter_shard`` or use `shard`.
+
+    Args:
+      model: the model this optimizer trains.
+      model_specs: a `PartitionSpec` per optimised leaf (mesh axes, or logical names
+        mapped by ``logical_axis_rules``); None: replicated.
+      mesh: the device mesh.
+      logical_axis_rules: ``(logical_name, mesh_axes)`` pairs.
+      state_axis: a mesh axis to split every state leaf over (ZeRO-1).
+      state_memory_kind: ``"pinned_host"`` to keep the state in host memory.
+
+    Returns:
+      This optimizer's structure with a `NamedSharding` at every state array.
+
+    Raises:
+      optcore.PartitionRuleError: a dimension the mesh does not divide (named by path).
+      TypeError: no mesh.
+
+    Example:
+      >>> import equinox as eqx, jax, numpy as np
+      >>> from jax.sharding import Mesh, PartitionSpec as P
+      >>> import optcore, optcore_equinox
+      >>> model = eqx.nn.Linear(4, 2, key=jax.random.key(0))
+      >>> mesh = Mesh(np.array(jax.devices()[:1]), ('model',))
+      >>> opt = optcore_equinox.Optimizer(optcore.adam(1e-3), model)
+      >>> specs = eqx.tree_at(lambda m: (m.weight, m.bias), model, (P('model', None), P()))
+      >>> shardings = opt.shardings(model, specs, mesh)
+      >>> shardings.state.param_states[0].nu.weight.spec == P('model', None)
+      True
     """
     params = self.params(model)
     specs = None if model_specs is None else _select(model_specs, params, check=False)
@@ -278,6 +306,22 @@ class Optimizer(eqx.Module):
     state_memory_kind: str | None = None,
   ) -> Optimizer:
     """This optimizer with its state placed by `shardings` (``eqx.filter_shard``).
+
+    Args:
+      model: the model this optimizer trains.
+      model_specs: a `PartitionSpec` per optimised leaf (mesh axes, or logical names
+        mapped by ``logical_axis_rules``); None: replicated.
+      mesh: the device mesh.
+      logical_axis_rules: ``(logical_name, mesh_axes)`` pairs.
+      state_axis: a mesh axis to split every state leaf over (ZeRO-1).
+      state_memory_kind: ``"pinned_host"`` to keep the state in host memory.
+
+    Returns:
+      The optimizer, its state on the mesh.
+
+    Raises:
+      optcore.PartitionRuleError: a dimension the mesh does not divide (named by path).
+      TypeError: no mesh.
 
     Example (ZeRO-1: a replicated model, the state split over ``'data'``):
       >>> import equinox as eqx, jax, numpy as np

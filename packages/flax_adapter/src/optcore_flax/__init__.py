@@ -81,6 +81,9 @@ def install_legacy_namespace() -> None:
   submodule) its submodule, so a program written for flax.optim runs with one
   added line. Opt-in; idempotent.
 
+  Returns:
+    None; ``sys.modules`` and ``flax.optim`` now point at `optcore_flax.optim`.
+
   Example:
     >>> import optcore_flax
     >>> optcore_flax.install_legacy_namespace()

@@ -37,6 +37,12 @@ def param_logical_axes(params: PyTree) -> PyTree:
   variables carry axis names (``nnx.with_partitioning``, ``out_sharding=``),
   or a tree of specs (``nn.get_partition_spec``) returned as it is.
 
+  Args:
+    params: boxed Linen params, an ``nnx.State``, plain arrays or a tree of specs.
+
+  Returns:
+    One `PartitionSpec` (logical names) per parameter, in ``params``' structure.
+
   Example:
     >>> import jax, jax.numpy as jnp, flax.linen as nn
     >>> import optcore_flax

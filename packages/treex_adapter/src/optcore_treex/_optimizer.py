@@ -339,6 +339,34 @@ class Optimizer(to.Tree):
     ``state_memory_kind="pinned_host"`` keeps every non-scalar state array in
     host memory between steps (each `update` brings it to the device and
     back). Use it as a jitted step's in and out shardings, or `shard`.
+
+    Args:
+      params: the parameters given to `init`.
+      param_specs: a `PartitionSpec` per optimised leaf (mesh axes, or logical names
+        mapped by ``logical_axis_rules``); None: replicated.
+      mesh: the device mesh.
+      logical_axis_rules: ``(logical_name, mesh_axes)`` pairs.
+      state_axis: a mesh axis to split every state leaf over (ZeRO-1).
+      state_memory_kind: ``"pinned_host"`` to keep the state in host memory.
+
+    Returns:
+      This optimizer's structure with a `NamedSharding` at every leaf.
+
+    Raises:
+      RuntimeError: the optimizer is not initialised.
+      optcore.PartitionRuleError: a dimension the mesh does not divide (named by path).
+      TypeError: no mesh.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, numpy as np, optax
+      >>> from jax.sharding import Mesh, PartitionSpec as P
+      >>> import optcore_treex
+      >>> params = {'w': jnp.zeros((4, 2))}
+      >>> optimizer = optcore_treex.Optimizer(optax.adam(1e-3)).init(params)
+      >>> mesh = Mesh(np.array(jax.devices()[:1]), ('model',))
+      >>> shardings = optimizer.shardings(params, {'w': P('model', None)}, mesh)
+      >>> shardings.opt_state[0].mu['w'].spec == P('model', None)
+      True
     """
     self._check_initialized()
     step = jnp.zeros((), jnp.int32) if self.step is None else self.step
@@ -368,6 +396,23 @@ class Optimizer(to.Tree):
     state_memory_kind: str | None = None,
   ) -> Optimizer:
     """A new optimizer with its state placed by `shardings`; this one is untouched.
+
+    Args:
+      params: the parameters given to `init`.
+      param_specs: a `PartitionSpec` per parameter (mesh axes, or logical names
+        mapped by ``logical_axis_rules``); None: replicated.
+      mesh: the device mesh.
+      logical_axis_rules: ``(logical_name, mesh_axes)`` pairs.
+      state_axis: a mesh axis to split every state leaf over (ZeRO-1).
+      state_memory_kind: ``"pinned_host"`` to keep the state in host memory.
+
+    Returns:
+      The optimizer, its state on the mesh.
+
+    Raises:
+      RuntimeError: the optimizer is not initialised.
+      optcore.PartitionRuleError: a dimension the mesh does not divide (named by path).
+      TypeError: no mesh.
 
     Example (ZeRO-1: replicated parameters, the state split over ``'data'``):
       >>> import jax, jax.numpy as jnp, numpy as np, optax

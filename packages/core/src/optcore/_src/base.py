@@ -214,6 +214,19 @@ class OptimizerDef(
     new_params - params`` (a wrapped optax transformation returns its own
     updates, exactly, and needs no ``params``).
 
+    Args:
+      hyper_params: the hyper-parameters for this step.
+      params: the parameters.
+      state: their `OptimizerState`.
+      grads: the gradients.
+      **extra_args: extra update arguments, for a definition that takes them.
+
+    Returns:
+      ``(updates, new_state)``.
+
+    Raises:
+      TypeError: ``extra_args`` given to a definition that takes none.
+
     Example:
       >>> import jax.numpy as jnp
       >>> from optcore import legacy
@@ -285,6 +298,9 @@ class OptimizerDef(
 
   def overridable_names(self) -> frozenset[str]:
     """The names `update_hyper_params` accepts as keyword overrides.
+
+    Returns:
+      The names `update_hyper_params` (and every step's keyword overrides) accept.
 
     Example:
       >>> import optcore

@@ -68,6 +68,19 @@ def check_gradients(optimizer_def: Any, params: PyTree, grads: PyTree, what: str
   another shape (a (2, 1) gradient for a (2,) parameter would broadcast
   silently). Shapes are static, so under ``jit`` this costs nothing per step.
 
+  Args:
+    optimizer_def: the definition (per-example gradients have a leading axis).
+    params: the parameters.
+    grads: the gradients to check.
+    what: how the message names ``grads``.
+
+  Returns:
+    None: the gradients fit.
+
+  Raises:
+    optcore.TreeMismatchError: another structure, a None or missing gradient, or
+      a leaf of another shape (named by its path).
+
   Example:
     >>> import jax.numpy as jnp
     >>> import optcore

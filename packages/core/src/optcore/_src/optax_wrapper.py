@@ -256,6 +256,13 @@ def wrap_optax_optimizer(
     definition_class: the `OptaxWrapper` subclass to build (an adapter's own
       face, e.g. T5X's); default `OptaxWrapper`.
 
+  Returns:
+    A factory with ``optax_optimizer``'s signature returning `OptaxWrapper` definitions.
+
+  Raises:
+    TypeError: ``definition_class`` is not an `OptaxWrapper` subclass (the
+      factory itself raises TypeError for an argument ``optax_optimizer`` lacks).
+
   Example:
     >>> import jax.numpy as jnp, optax
     >>> import optcore
@@ -326,6 +333,16 @@ def _chain(transformations: Sequence[Any]) -> optax.GradientTransformationExtraA
   T5X's ``optimizers.chain`` signature: one list (or tuple) of optax
   transformations or optcore definitions.
 
+  Args:
+    transformations: optax transformations or optcore definitions, applied in order.
+
+  Returns:
+    A definition (an `OptaxWrapper` of ``optax.chain``); its members' hyper-parameters
+    are overridable by their path (``transformations/1/learning_rate``).
+
+  Raises:
+    TypeError: a member that is neither an optax transformation nor a definition.
+
   Example:
     >>> import jax.numpy as jnp, optax
     >>> import optcore
@@ -359,6 +376,16 @@ def as_definition(optimizer: Any, who: str) -> OptimizerDef:
 
   For adapters that take "any optcore config or an optax transformation";
   anything else raises a TypeError that names ``who``.
+
+  Args:
+    optimizer: an `OptimizerDef` or an optax ``GradientTransformation``.
+    who: the face's name, for the error message.
+
+  Returns:
+    The definition (an optax transformation wrapped in an `OptaxWrapper`).
+
+  Raises:
+    TypeError: anything else, or a grouped definition (a face owns its parameters).
 
   Example:
     >>> import optax

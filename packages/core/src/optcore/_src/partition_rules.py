@@ -55,6 +55,17 @@ def register_state_rule(state_type: type, rule: Callable[..., Any] | None = None
   accepted too. The helpers `like_params`, `replicated` and
   `derive_optax_logical_axes` cover most fields. Usable as a decorator.
 
+  Args:
+    state_type: the optax (or your own) state class.
+    rule: ``rule(state, params_axes, params)`` or T5X's ``rule(state, params_axes)``;
+      omitted: the decorator form.
+
+  Returns:
+    ``rule`` (so it works as a decorator).
+
+  Raises:
+    TypeError: ``state_type`` is not a class.
+
   Example:
     >>> from typing import NamedTuple
     >>> import jax, jax.numpy as jnp
@@ -228,6 +239,13 @@ def derive_optax_logical_axes(optax_state: Any, params_axes: PyTree, params: PyT
     optax_state: the state, or its ``jax.eval_shape``.
     params_axes: one PartitionSpec (or tuple of names, or None) per parameter.
     params: the parameters the state was initialised from, or their shapes.
+
+  Returns:
+    ``optax_state``'s structure with a `PartitionSpec` at each array leaf.
+
+  Raises:
+    optcore.PartitionRuleError: a state type no rule covers, or axes that do
+      not fit a leaf (named by its path; register a rule with `register_state_rule`).
 
   Example:
     >>> import jax, jax.numpy as jnp, optax

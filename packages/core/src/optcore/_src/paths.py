@@ -87,6 +87,16 @@ def register_hidden_level(node_type: type) -> None:
   ``{'kernel': Param(...)}`` has the path ``'/kernel'``, as a plain array
   would, and state dicts carry no ``value`` level.
 
+  Args:
+    node_type: a pytree node type with exactly one child (nnx.Variable, a
+      treeo Tree's index level).
+
+  Returns:
+    None; paths, selectors and state dicts skip that level from now on.
+
+  Raises:
+    TypeError: ``node_type`` is not a class.
+
   Example:
     >>> import dataclasses, jax, jax.numpy as jnp
     >>> import optcore

@@ -36,6 +36,12 @@ StateDictError.__module__ = "optcore"
 def to_state_dict(tree: Any) -> Any:
   """Converts a pytree into Flax's nested-dict state-dict layout.
 
+  Args:
+    tree: any pytree (an optax state, an `OptimizerState`, parameters).
+
+  Returns:
+    Nested dicts with string keys, arrays and None at the leaves.
+
   Example:
     >>> import optax
     >>> from optcore import to_state_dict
@@ -179,6 +185,18 @@ def from_state_dict(reference: Any, state_dict: Any, *, root: str = "") -> Any:
   Every key, shape and dtype is checked first; a mismatch raises a
   `StateDictError` naming the path, and nothing is built. Keys that the
   reference would write as empty dicts may be missing (T5X drops them).
+
+  Args:
+    reference: the tree whose structure, shapes and dtypes the result has.
+    state_dict: nested dicts as `to_state_dict` writes them (or a checkpoint's).
+    root: the path prefix error messages start from.
+
+  Returns:
+    A tree of ``reference``'s structure holding the state dict's values.
+
+  Raises:
+    optcore.StateDictError: a missing or extra key, a shape or a dtype that
+      differs (named by its path); nothing is built then.
 
   Example:
     >>> import numpy as np
@@ -351,6 +369,12 @@ def _wrap_key_data(ref: Any, value: Any, path: str) -> Any:
 def key_data_for_export(tree: Any) -> Any:
   """``tree`` with typed PRNG key arrays as their key data, for formats without
   them (msgpack); `from_state_dict` reads key data back into a key.
+
+  Args:
+    tree: a pytree, typed PRNG keys among its leaves.
+
+  Returns:
+    The same tree, each key array replaced by its ``uint32`` key data.
 
   Example:
     >>> import jax

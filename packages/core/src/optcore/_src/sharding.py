@@ -27,6 +27,16 @@ def logical_to_mesh_axes(spec: PartitionSpec | None, rules: LogicalAxisRules | N
   dimension uses yet. A name with no usable rule is replicated (None), as in
   Flax. ``rules=None`` reads the names as mesh axes already.
 
+  Args:
+    spec: logical axis names, one per dimension (None: replicated).
+    rules: ``(logical_name, mesh_axes)`` pairs; None: the names are mesh axes.
+
+  Returns:
+    A `PartitionSpec` of mesh axes (or None where ``spec`` is None).
+
+  Raises:
+    optcore.PartitionRuleError: rules that are not ``(name, mesh_axes)`` pairs.
+
   Example:
     >>> from jax.sharding import PartitionSpec as P
     >>> from optcore import logical_to_mesh_axes
@@ -85,6 +95,16 @@ def _check_rules(rules: Any) -> None:
 def logical_to_mesh(tree: PyTree, rules: LogicalAxisRules | None) -> PyTree:
   """`logical_to_mesh_axes` on every PartitionSpec of ``tree`` (None stays None).
 
+  Args:
+    tree: a tree of logical `PartitionSpec` objects (or None).
+    rules: ``(logical_name, mesh_axes)`` pairs; None: the names are mesh axes.
+
+  Returns:
+    The tree with mesh-axis `PartitionSpec` objects.
+
+  Raises:
+    optcore.PartitionRuleError: rules that are not ``(name, mesh_axes)`` pairs.
+
   Example:
     >>> from jax.sharding import PartitionSpec as P
     >>> from optcore import logical_to_mesh
@@ -102,6 +122,18 @@ def logical_to_mesh_sharding(
 
   Raises `PartitionRuleError` naming the path when a spec uses an axis that
   ``mesh`` does not have.
+
+  Args:
+    tree: a tree of logical `PartitionSpec` objects.
+    mesh: the device mesh.
+    rules: ``(logical_name, mesh_axes)`` pairs; None: the names are mesh axes.
+
+  Returns:
+    The tree with a `NamedSharding` at each spec.
+
+  Raises:
+    optcore.PartitionRuleError: a spec uses an axis the mesh does not have
+      (named by its path).
 
   Example:
     >>> import jax, numpy as np

@@ -40,6 +40,19 @@ def state_logical_axes(
   ``param_axes`` has one spec (or tuple of names, or None) per parameter;
   ``state`` and ``params`` may be abstract (``jax.eval_shape``).
 
+  Args:
+    optimizer_def: the definition ``state`` belongs to.
+    state: its `OptimizerState` (or ``jax.eval_shape`` of it).
+    params: the parameters (or their shapes).
+    param_axes: one logical `PartitionSpec` per parameter.
+
+  Returns:
+    ``state``'s structure with a `PartitionSpec` at every leaf.
+
+  Raises:
+    optcore.PartitionRuleError: a state leaf no rule covers, or axes that do
+      not fit a parameter (named by path).
+
   Example:
     >>> import jax.numpy as jnp
     >>> from jax.sharding import PartitionSpec as P
@@ -82,6 +95,23 @@ def state_shardings(
   places every non-scalar leaf in that memory. Raises `PartitionRuleError`
   naming the first leaf whose dimension the mesh does not divide, and
   TypeError when ``mesh`` is None.
+
+  Args:
+    optimizer_def: the definition ``state`` belongs to.
+    state: its `OptimizerState` (or ``jax.eval_shape`` of it).
+    params: the parameters (or their shapes).
+    param_axes: one `PartitionSpec` per parameter; None: replicated.
+    mesh: the device mesh.
+    logical_axis_rules: ``(logical_name, mesh_axes)`` pairs.
+    state_axis: a mesh axis to split every state leaf over (ZeRO-1).
+    state_memory_kind: ``"pinned_host"`` to keep the state in host memory.
+
+  Returns:
+    ``state``'s structure with a `NamedSharding` at every leaf.
+
+  Raises:
+    optcore.PartitionRuleError: a dimension the mesh does not divide (named by path).
+    TypeError: no mesh.
 
   Example:
     >>> import jax, jax.numpy as jnp, numpy as np
@@ -306,6 +336,17 @@ class ShardingMethods:
     derived by the partition rules (see `derive_optax_logical_axes`); the
     step is replicated. ``optimizer`` may be abstract (``jax.eval_shape`` of
     `create`). The result round-trips through `state_dict`/`restore_state`.
+
+    Args:
+      optimizer: an Optimizer of this definition (or its ``jax.eval_shape``).
+      param_logical_axes: one `PartitionSpec` (or tuple of names, or None) per parameter.
+
+    Returns:
+      An Optimizer-shaped tree of `PartitionSpec` objects.
+
+    Raises:
+      optcore.PartitionRuleError: a state leaf no rule covers, or axes that do
+        not fit a parameter (named by its path).
 
     Example:
       >>> import jax, jax.numpy as jnp

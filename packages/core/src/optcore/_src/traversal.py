@@ -42,6 +42,12 @@ def leaves_with_paths(tree: PyTree) -> tuple[list[tuple[str, Any]], Any]:
   errors and selectors use (``'/a/0/b'``; an Equinox attribute or a treeo field
   reads ``/name``, registered hidden levels are left out).
 
+  Args:
+    tree: any pytree (dicts, lists, Equinox modules, treeo Trees, FrozenDicts).
+
+  Returns:
+    ``([(path, leaf), ...], treedef)``.
+
   Example:
     >>> import jax.numpy as jnp
     >>> import optcore
@@ -123,6 +129,16 @@ def register_selector_type(cls: type, to_mask: Callable[[Any, PyTree], PyTree]) 
   Framework adapters use it for their own traversal types, so the core needs
   no framework import.
 
+  Args:
+    cls: the selector's class.
+    to_mask: ``(selector, params) -> mask`` (booleans, or a prefix of the params' tree).
+
+  Returns:
+    None; later calls of `selector_mask` know ``cls``.
+
+  Raises:
+    TypeError: ``cls`` is not a class or ``to_mask`` is not callable.
+
   Example:
     >>> import jax.numpy as jnp
     >>> import optcore
@@ -144,6 +160,19 @@ def register_selector_type(cls: type, to_mask: Callable[[Any, PyTree], PyTree]) 
 
 def selector_mask(selector: Selector, params: PyTree) -> PyTree:
   """The boolean mask, shaped like ``params``, that ``selector`` picks.
+
+  Args:
+    selector: a `ModelParamTraversal`, a ``(path, value) -> bool`` predicate, a
+      regex searched in each ``'/a/b'`` path, a (prefix) mask tree of booleans,
+      a function from the params to such a mask, or a registered type.
+    params: the parameters.
+
+  Returns:
+    A tree of booleans shaped like ``params``.
+
+  Raises:
+    optcore.SelectorError: a bad regex, or a mask that does not fit ``params``
+      (named by its path).
 
   Example:
     >>> import jax.numpy as jnp

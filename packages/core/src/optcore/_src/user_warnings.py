@@ -56,6 +56,9 @@ def warn(message: str, category: type[Warning] = UserWarning) -> None:
     message: the warning's text.
     category: the warning class; default `UserWarning`.
 
+  Returns:
+    None.
+
   Example:
     >>> import warnings
     >>> from optcore import adapter
