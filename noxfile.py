@@ -14,7 +14,8 @@
   nox -s tests-cuda    the suite on JAX's CUDA build (needs an NVIDIA GPU)
   nox -s tests-lowest  each package on the minimum versions its pyproject declares
   nox -s tests-latest  every package on the newest releases, without the lock
-  nox -s docs          the documentation site (docs/_build/html) and screenshots of two pages
+  nox -s docs          the documentation site (docs/_build/html), its link check, and
+                       screenshots of four pages, each checked for showing a page
 
 Installs come from uv.lock (``uv sync --locked``: a stale lock fails), so every run tests the
 versions developers test; uv.lock resolves per Python (jax 0.10 on 3.11, jax 0.12 on 3.12+).
