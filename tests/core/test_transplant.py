@@ -209,7 +209,7 @@ def test_one_parameters_state_is_kept_whole_or_not_at_all():
   new, report = optcore.transplant(optcore.adamw(1e-2).create(params), old.state_dict())
   initialised = {e.path: e.note for e in report.initialised}
   assert (
-    initialised["param_states/0/mu/w"] == "kept alone, it would not match the 'nu' that start anew"
+    initialised["param_states/0/mu/w"] == "kept alone, it would not match the 'nu' that starts anew"
   )
   assert initialised["param_states/0/nu/w"] == "the state dict has no 'nu' for this parameter"
   assert initialised["param_states/0/count"] == "2 of the 4 leaves it counts for start anew"

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -105,6 +105,16 @@ class TransplantReport:
     return "\n".join(lines)
 
 
+class _Found(NamedTuple):
+  """What the state dict has for one leaf: its value (None where it is not kept), the
+  leaf it came from, why it is not kept (empty where it is) and a note on how it was."""
+
+  value: Any
+  source: _Leaf | None
+  problem: str
+  note: str = ""
+
+
 @dataclasses.dataclass
 class _Leaf:
   path: Path
@@ -181,16 +191,18 @@ def transplant_state(
     for leaf in new
     if leaf.param is not None
   }
-  found: dict[Path, tuple[Any, _Leaf | None, str]] = {}  # path -> (value, source, problem)
-  for leaf in new:
-    if leaf.param is None and leaf.path[:-1] in counters and counters[leaf.path[:-1]] is leaf:
-      continue  # decided below, from what was kept beside it
-    source = by_key.get(leaf.key) or _same_name_beside(leaf, old)
+
+  def match(leaf: _Leaf, source: _Leaf | None, note: str = "") -> _Found:
     if source is None:
-      found[leaf.path] = (None, None, _why_new(leaf, old))
-      continue
+      return _Found(None, None, _why_new(leaf, old))
     value, problem = _fit(source.value, leaf.value)
-    found[leaf.path] = (value, source, problem)
+    return _Found(None if problem else value, source, problem, "" if problem else note)
+
+  found: dict[Path, _Found] = {}
+  for leaf in new:
+    if leaf.param is None and counters.get(leaf.path[:-1]) is leaf:
+      continue  # decided below, from what was kept beside it
+    found[leaf.path] = match(leaf, by_key.get(leaf.key) or _same_name_beside(leaf, old))
 
   # One parameter's state under one count is kept whole or not at all: adam's mu beside a
   # nu that starts anew (muon's momentum into adamw's) would make updates of mu / sqrt(0).
@@ -199,53 +211,47 @@ def transplant_state(
     if leaf.param is not None:
       groups.setdefault((counted_by[leaf.path], leaf.param), []).append(leaf)
   for members in groups.values():
-    missing = sorted({m.role for m in members if found[m.path][2]})
+    missing = sorted({m.role for m in members if found[m.path].problem})
     if missing and len(missing) < len(members):
+      verb = "starts" if len(missing) == 1 else "start"
+      roles = ", ".join(map(repr, missing))
       for m in members:
-        value, source, problem = found[m.path]
-        if not problem:
-          problem = (
-            f"kept alone, it would not match the {', '.join(map(repr, missing))} that start anew"
-          )
-          found[m.path] = (None, source, problem)
+        if not found[m.path].problem:
+          why = f"kept alone, it would not match the {roles} that {verb} anew"
+          found[m.path] = _Found(None, found[m.path].source, why)
 
   # A count is kept only with all the state it counts for: over moments that start from
   # zero a kept count would skip their bias correction (first updates up to 1/sqrt(1-b2) big).
   for owner, leaf in counters.items():
     counted = [p for p in new if p.param is not None and counted_by[p.path] == owner]
-    fresh = [p for p in counted if found[p.path][2]]
+    fresh = [p for p in counted if found[p.path].problem]
     if fresh:
       why = (
         "none of the state it counts for was kept"
         if len(fresh) == len(counted)
         else f"{len(fresh)} of the {len(counted)} leaves it counts for start anew"
       )
-      found[leaf.path] = (None, None, why)
+      found[leaf.path] = _Found(None, None, why)
       continue
-    source, note = by_key.get(leaf.key) or _same_name_beside(leaf, old), ""
+    source = by_key.get(leaf.key) or _same_name_beside(leaf, old)
     if source is None and old_step is not None and leaf.path[-1] == "count":
-      source, note = old_step, "flax.optim counts with the step"
-    if source is None:
-      found[leaf.path] = (None, None, _why_new(leaf, old))
-      continue
-    value, problem = _fit(source.value, leaf.value)
-    found[leaf.path] = (
-      (value, source, problem or "", note) if not problem else (None, source, problem)
-    )
+      found[leaf.path] = match(leaf, old_step, "flax.optim counts with the step")
+    else:
+      found[leaf.path] = match(leaf, source)
 
   values: dict[Path, Any] = {}
   kept: list[TransplantEntry] = []
   initialised: list[TransplantEntry] = []
   used: set[Path] = set()
   for leaf in new:
-    value, source, problem, *note = found[leaf.path]
+    value, source, problem, note = found[leaf.path]
     path, source_path = "/".join(leaf.path), source and "/".join(source.path)
     if problem:
       initialised.append(TransplantEntry(path, source_path, problem))
       continue
     used.add(source.path)
     values[leaf.path] = _placed_like(value, leaf.value)
-    note = "; ".join(filter(None, [*note, _cast_note(source.value, leaf.value)]))
+    note = "; ".join(filter(None, [note, _cast_note(source.value, leaf.value)]))
     kept.append(TransplantEntry(path, source_path, note))
   dropped = tuple(TransplantEntry("/".join(leaf.path)) for leaf in old if leaf.path not in used)
   kept, initialised = tuple(kept), tuple(initialised)
