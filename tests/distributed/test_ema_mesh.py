@@ -8,20 +8,11 @@ from __future__ import annotations
 import jax
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec
-from sharding_setup import AXES, make_params
+from sharding_setup import AXES, grads_at, make_params
+from sharding_setup import MODEL_RULES as RULES
 from tree_testing import assert_trees_within_ulps
 
 import optcore
-
-RULES = [("mlp", "model"), ("heads", "model"), ("embed", None), ("layers", None)]
-
-
-def grads_at(i, params):
-  key = jax.random.key(i)
-  leaves, treedef = jax.tree.flatten(params)
-  return treedef.unflatten(
-    [jax.random.normal(jax.random.fold_in(key, j), x.shape) for j, x in enumerate(leaves)]
-  )
 
 
 def test_ema_is_sharded_like_its_parameters_and_split_by_state_axis(cpu_devices):

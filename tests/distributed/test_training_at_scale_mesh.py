@@ -13,12 +13,11 @@ import numpy as np
 import pytest
 from faces import FACES
 from jax.sharding import Mesh, PartitionSpec
-from sharding_setup import AXES, make_params
+from sharding_setup import AXES, grads_at, make_params
+from sharding_setup import MODEL_RULES as RULES
 from tree_testing import assert_trees_equal, assert_trees_within_ulps
 
 import optcore
-
-RULES = [("mlp", "model"), ("heads", "model"), ("embed", None), ("layers", None)]
 
 
 def stack():
@@ -30,14 +29,6 @@ def stack():
 
 def bf16_params():
   return jax.tree.map(lambda x: x.astype(jnp.bfloat16), make_params())
-
-
-def grads_at(i, params):
-  key = jax.random.key(i)
-  leaves, treedef = jax.tree.flatten(params)
-  return treedef.unflatten(
-    [jax.random.normal(jax.random.fold_in(key, j), x.shape, x.dtype) for j, x in enumerate(leaves)]
-  )
 
 
 def one_device_run(steps):

@@ -11,10 +11,21 @@ from jax.sharding import PartitionSpec as P
 
 # Every parameter has one dimension that the 8-way mesh axis 'x' splits.
 RULES = [("mlp", "x"), ("heads", "x"), ("embed", None), ("layers", None)]
+# The same axes on a 2-D ('data', 'model') mesh: 'model' splits, 'data' is left to state_axis.
+MODEL_RULES = [("mlp", "model"), ("heads", "model"), ("embed", None), ("layers", None)]
 AXES = {
   "dense": {"kernel": P("embed", "mlp"), "bias": P("mlp")},
   "attn": P("layers", "embed", "heads"),
 }
+
+
+def grads_at(i: int, params: Any) -> Any:
+  """Step ``i``'s gradients: normal, in ``params``' structure, shapes and dtypes."""
+  key = jax.random.key(i)
+  leaves, treedef = jax.tree.flatten(params)
+  return treedef.unflatten(
+    [jax.random.normal(jax.random.fold_in(key, j), x.shape, x.dtype) for j, x in enumerate(leaves)]
+  )
 
 
 def make_params(seed: int = 0) -> dict[str, Any]:
