@@ -7,10 +7,9 @@ face, and every face's state restores grouped."""
 from __future__ import annotations
 
 import jax.numpy as jnp
-import numpy as np
 import pytest
 from faces import FACES
-from tree_testing import assert_trees_equal
+from tree_testing import assert_trees_within_ulps
 
 import optcore
 
@@ -34,7 +33,8 @@ def grads(scale=1.0):
 
 
 def definition():
-  return optcore.lion(0.1, weight_decay=0.01)  # no division: grouped is bitwise here
+  # No division: grouped is the plain definition to one rounding a step (where XLA fused p - lr*u).
+  return optcore.lion(0.1, weight_decay=0.01)
 
 
 def grouped():
@@ -51,8 +51,8 @@ def test_a_face_runs_a_grouped_definition_or_refuses_it(face):
   for i in range(3):
     handle = face.jit(face.step)(handle, grads(1.0 + i), {"learning_rate": 0.05 * (i + 1)})
     plain = face.jit(face.step)(plain, grads(1.0 + i), {"learning_rate": 0.05 * (i + 1)})
-  assert_trees_equal(face.params(handle), face.params(plain))
-  assert_trees_equal(face.state_dict(handle), face.state_dict(plain))
+  assert_trees_within_ulps(face.params(handle), face.params(plain), ulps=3)
+  assert_trees_within_ulps(face.state_dict(handle), face.state_dict(plain), ulps=3)
 
 
 @pytest.mark.parametrize("face", FACES, ids=str)
@@ -63,8 +63,8 @@ def test_a_grouped_state_restores_into_every_face_and_back(face):
   written = opt.state_dict()
   fresh = face.create(definition(), opt.target)
   restored = face.restore(fresh, {**face.state_dict(fresh), "state": written["state"]})
-  assert_trees_equal(
-    face.params(face.step(restored, grads(2.0), {})), opt.apply_gradient(grads(2.0)).target
+  assert_trees_within_ulps(
+    face.params(face.step(restored, grads(2.0), {})), opt.apply_gradient(grads(2.0)).target, 1
   )
   # ... and the face's own state, saved after its steps, restores grouped.
   saved = face.create(definition(), params())
@@ -75,7 +75,8 @@ def test_a_grouped_state_restores_into_every_face_and_back(face):
     {"target": face.params(saved), "state": face.state_dict(saved)["state"]}
   )
   assert isinstance(back.packed_target, optcore.GroupedParams)
-  np.testing.assert_array_equal(
+  assert_trees_within_ulps(
     back.apply_gradient(grads(3.0)).target["bias"],
     face.params(face.step(saved, grads(3.0), {}))["bias"],
+    1,
   )

@@ -2,12 +2,17 @@
 
 The numbers are compared with raw optax per leaf (and with the ungrouped
 legacy definitions), jitted on both sides with the same gradients fed in.
-Where the maths has no division or square root the two agree bitwise. Where
-it has, XLA's CPU code for one buffer and for many small arrays differs in
-the last bit of a few elements (raw optax run on the concatenated array
-differs from raw optax per leaf the same way, and the fusion decisions of the
-whole program move which elements), so there the test holds grouped to optax
-per leaf within a few float32 ulps (rtol 2e-6).
+No layout is bitwise another on every CPU: XLA's CPU backend contracts a
+multiply and an add (``p + (-lr) * u``) into one fused multiply-add in some
+loops and not in others, by how it vectorises each array (a 1600-element leaf
+fused, a 128-element one did not, on an AVX-512 machine; lion's 128-element
+kernel then moved 1 or 2 ulps from optax per leaf in 5 of its elements). So
+the algorithms whose maths is only multiplies, adds and signs are held to one
+rounding per step (``ulps=steps`` at the leaf's scale); where there is a
+division or a square root, XLA's CPU code for one buffer and for many small
+arrays differs in a few more elements (raw optax on the concatenated array
+differs from raw optax per leaf the same way), and the tests hold grouped to
+optax per leaf within a few float32 ulps (rtol 2e-6).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from tree_testing import assert_trees_within_ulps
 
 import optcore
 from optcore import legacy
@@ -68,8 +74,8 @@ def _apply(tx, params, state, grads):
   return optax.apply_updates(params, updates), state
 
 
-# No division, no square root: XLA's code is exact whatever the array sizes. Each case is an
-# alias and its arguments, given to optax and to optcore alike.
+# No division, no square root: the two layouts differ at most by where XLA fused a multiply-add,
+# one rounding a step. Each case is an alias and its arguments, given to optax and optcore alike.
 EXACT = {
   "sgd": ("sgd", {"learning_rate": 0.1}),
   "sgd_momentum": ("sgd", {"learning_rate": 0.1, "momentum": 0.9}),
@@ -82,15 +88,15 @@ EXACT = {
 
 
 @pytest.mark.parametrize("name", sorted(EXACT))
-def test_exact_optimizers_match_per_leaf_optax_bitwise(name):
+def test_exact_optimizers_match_per_leaf_optax_to_one_rounding_a_step(name):
   params = make_params()
   grads = gradient_sequence(params)
   alias, kwargs = EXACT[name]
   opt = run_grouped(getattr(optcore, alias)(**kwargs), params, grads)
   want_params, want_state = run_optax(getattr(optax, alias)(**kwargs), params, grads)
   assert opt.packed_target.buffers[0].shape[0] < sum(x.size for x in jax.tree.leaves(params))
-  chex_equal(opt.target, want_params)
-  chex_equal(opt.state.param_states, want_state)
+  assert_trees_within_ulps(opt.target, want_params, ulps=len(grads))
+  assert_trees_within_ulps(opt.state.param_states, want_state, ulps=len(grads))
 
 
 ELEMENTWISE = sorted(optcore.ELEMENTWISE_OPTAX)
@@ -140,14 +146,13 @@ def test_legacy_algorithms_match_their_ungrouped_definitions(name):
   for g in grads:
     ref = step(ref, g)
   assert jax.tree.structure(opt.state) == jax.tree.structure(ref.state)
-  exact = name in ("GradientDescent", "Momentum")
+  if name in ("GradientDescent", "Momentum"):  # multiplies and adds: one rounding a step
+    assert_trees_within_ulps((opt.target, opt.state), (ref.target, ref.state), ulps=len(grads))
+    return
   for got, want in zip(
     jax.tree.leaves((opt.target, opt.state)), jax.tree.leaves((ref.target, ref.state)), strict=True
   ):
-    if exact:
-      np.testing.assert_array_equal(got, want)
-    else:
-      np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-7)
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-7)
 
 
 def _is_grouped(x) -> bool:
@@ -193,8 +198,8 @@ def test_buffers_fill_up_to_max_buffer_size_in_the_parameters_order():
   want_params, want_state = run_optax(optax.sgd(0.1, momentum=0.9), params, [grads] * 3)
   for _ in range(3):
     opt = jax.jit(lambda o, g: o.apply_gradient(g))(opt, grads)
-  chex_equal(opt.target, want_params)
-  chex_equal(opt.state.param_states, want_state)
+  assert_trees_within_ulps(opt.target, want_params, ulps=3)  # one fused multiply-add a step
+  assert_trees_within_ulps(opt.state.param_states, want_state, ulps=3)
 
 
 def test_max_leaf_size_counts_elements():
@@ -282,8 +287,7 @@ def test_a_multi_optimizer_is_grouped_per_group():
   ref = make().create(params)
   for g in grads:
     ref = jax.jit(lambda o, g: o.apply_gradient(g))(ref, g)
-  chex_equal(opt.target, ref.target)
-  chex_equal(opt.state, ref.state)
+  assert_trees_within_ulps((opt.target, opt.state), (ref.target, ref.state), ulps=len(grads))
   np.testing.assert_array_equal(opt.target["s"], params["s"])
   assert jax.tree.structure(opt.state_dict()) == jax.tree.structure(ref.state_dict())
 
