@@ -40,7 +40,7 @@ from optcore._src.grouped_layout import (
 )
 from optcore._src.hyper_params import HyperParams
 from optcore._src.multi_optimizer import MultiOptimizer
-from optcore._src.optimizer import Optimizer, OptimizerState
+from optcore._src.optimizer import Optimizer, OptimizerState, keep_shardings
 from optcore._src.step import apply_step
 
 PyTree = Any
@@ -316,6 +316,7 @@ class GroupedOptimizer(Generic[T]):
   optimizer_def: Grouped
   packed_state: OptimizerState
   packed_target: GroupedParams
+  packed_target_shardings: tuple[Any, ...] | None = None  # as Optimizer.target_shardings
 
   @property
   def target(self) -> T:
@@ -359,6 +360,7 @@ class GroupedOptimizer(Generic[T]):
       apply_updates=True,
       **hyper_param_overrides,
     )
+    new_target = keep_shardings(new_target, self.packed_target_shardings)
     return dataclasses.replace(self, packed_target=new_target, packed_state=new_state)
 
   def compute_gradient(self, loss_fn: Callable[[T], Any]) -> tuple:
@@ -391,9 +393,16 @@ class GroupedOptimizer(Generic[T]):
       changes["packed_state"] = pack_like(self.packed_state, changes.pop("state"))
     return dataclasses.replace(self, **changes)
 
+  def pinned_to(self, shardings: GroupedOptimizer[Any]) -> GroupedOptimizer[T]:
+    """This optimizer, whose steps keep the buffers on ``shardings.packed_target``."""
+    pinned = tuple(jax.tree.leaves(shardings.packed_target))
+    return dataclasses.replace(self, packed_target_shardings=pinned)
+
 
 jax.tree_util.register_dataclass(
-  GroupedOptimizer, data_fields=["packed_state", "packed_target"], meta_fields=["optimizer_def"]
+  GroupedOptimizer,
+  data_fields=["packed_state", "packed_target"],
+  meta_fields=["optimizer_def", "packed_target_shardings"],
 )
 
 

@@ -76,6 +76,10 @@ class Optimizer(Generic[T]):
   optimizer_def: Any  # an OptimizerDef (defined on top of this module)
   state: OptimizerState
   target: T
+  # create_sharded's shardings of the target's leaves, in its leaf order (static, hashable): each
+  # step constrains the new target to them, so ZeRO-1's split state never leaks into the
+  # parameters of a plain jax.jit step. None: the compiler decides.
+  target_shardings: tuple[Any, ...] | None = None
 
   def apply_gradient(
     self,
@@ -121,7 +125,7 @@ class Optimizer(Generic[T]):
       apply_updates=True,  # reserved: an override of that name is an error, not a mode
       **hyper_param_overrides,
     )
-    return self.replace(target=new_target, state=new_state)
+    return self.replace(target=keep_shardings(new_target, self.target_shardings), state=new_state)
 
   def compute_gradient(self, loss_fn: Callable[[T], Any]) -> tuple:
     """flax.optim's helper: the loss and its gradient with respect to the target.
@@ -287,10 +291,32 @@ class Optimizer(Generic[T]):
   def replace(self, **changes: Any) -> Optimizer[T]:
     return dataclasses.replace(self, **changes)
 
+  def pinned_to(self, shardings: Optimizer[Any]) -> Optimizer[T]:
+    """This optimizer, whose steps keep the target on ``shardings.target``
+    (`create_sharded` pins what it placed; see `keep_shardings`)."""
+    return self.replace(target_shardings=tuple(jax.tree.leaves(shardings.target)))
+
 
 jax.tree_util.register_dataclass(
-  Optimizer, data_fields=["state", "target"], meta_fields=["optimizer_def"]
+  Optimizer, data_fields=["state", "target"], meta_fields=["optimizer_def", "target_shardings"]
 )
+
+
+def keep_shardings(target: T, shardings: tuple[Any, ...] | None) -> T:
+  """``target`` constrained to ``shardings`` (one per leaf), where they still fit its leaves.
+
+  Under ``jit`` the compiler picks the updated parameters' sharding from the update's: with
+  ZeRO-1 the state, and so the update, is split over the data axis, and without a constraint
+  the parameters come back split that way too (``P(None, 'model')`` became
+  ``P('data', 'model')``)."""
+  if shardings is None:
+    return target
+  leaves, treedef = jax.tree.flatten(target)
+  if len(leaves) != len(shardings):  # replace(target=...) put other parameters in: theirs
+    return target
+  return treedef.unflatten(
+    [jax.lax.with_sharding_constraint(x, s) for x, s in zip(leaves, shardings, strict=True)]
+  )
 
 
 def replicated(tree: PyTree, devices: Sequence[Any]) -> PyTree:

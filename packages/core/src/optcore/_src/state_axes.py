@@ -282,7 +282,8 @@ def create_sharded(
     state_axis=state_axis,
     state_memory_kind=state_memory_kind,
   )
-  return jax.jit(optimizer_def.create, out_shardings=shardings)(target)
+  optimizer = jax.jit(optimizer_def.create, out_shardings=shardings)(target)
+  return optimizer.pinned_to(shardings)
 
 
 def per_parameter_states_axes(
