@@ -6,6 +6,7 @@ update's sharding, so a kernel placed ``P(None, None, 'model')`` came back
 
 from __future__ import annotations
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,6 +17,8 @@ from sharding_setup import AXES, MODEL_RULES, grads_at, make_params
 from tree_testing import assert_trees_within_ulps
 
 import optcore
+import optcore_equinox
+import optcore_treex
 
 
 @pytest.fixture(scope="module")
@@ -84,3 +87,34 @@ def test_a_replaced_target_of_other_parameters_is_left_to_the_compiler(mesh):
   moved = optcore.sgd(0.1).create(other).replace(target_shardings=opt.target_shardings)
   moved = jax.jit(lambda o, g: o.apply_gradient(g))(moved, {"w": jnp.ones((8, 4))})
   np.testing.assert_allclose(moved.target["w"], 0.9)
+
+
+def test_equinox_and_treex_steps_that_pin_the_parameters_keep_them_replicated(mesh):
+  """The faces that hand the parameters back: the pattern the sharding page shows (pin the
+  model in the step) holds on the mesh, and without the pin the parameters do drift, which is
+  why the page shows it."""
+  replicated = NamedSharding(mesh, P())
+  model = eqx.filter_shard(eqx.nn.Linear(16, 8, key=jax.random.key(0)), replicated)
+  opt = optcore_equinox.Optimizer(optcore.adam(1e-2), model)
+  opt = opt.shard(model, mesh=mesh, state_axis="data")
+  grads = jax.tree.map(jnp.ones_like, model)
+
+  @eqx.filter_jit
+  def pinned(model, opt):
+    model, opt = opt.update(grads, model)
+    return eqx.filter_shard(model, replicated), opt
+
+  @eqx.filter_jit
+  def unpinned(model, opt):
+    return opt.update(grads, model)
+
+  assert pinned(model, opt)[0].weight.sharding.is_fully_replicated
+  assert not unpinned(model, opt)[0].weight.sharding.is_fully_replicated
+
+  params = jax.device_put({"w": jnp.ones((16, 8))}, replicated)
+  tx = optcore_treex.Optimizer(optcore.adam(1e-2)).init(params)
+  tx = tx.shard(params, mesh=mesh, state_axis="data")
+  step = jax.jit(lambda tx, p: (tx.update({"w": jnp.ones((16, 8))}, p), tx))
+  pinned_step = jax.jit(step, out_shardings=(replicated, None))
+  assert pinned_step(tx, params)[0]["w"].sharding.is_fully_replicated
+  assert not step(tx, params)[0]["w"].sharding.is_fully_replicated
