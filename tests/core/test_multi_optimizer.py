@@ -234,8 +234,13 @@ def test_as_optax_equals_optax_partition_and_apply_gradient_bitwise():
 def test_as_optax_of_a_wrapped_optimizer_is_the_optax_transformation():
   tx = optax.adam(1e-3)
   exported = optcore.OptaxWrapper(tx).as_optax()
-  assert exported.update is tx.update  # optax's own update; init only unboxes nnx Variables
-  assert_trees_equal(exported.init(make_params()), tx.init(make_params()))
+  params = make_params()
+  state = tx.init(params)
+  # Without keywords its update is optax's own program; init only unboxes nnx Variables.
+  assert str(jax.make_jaxpr(exported.update)(params, state, params)) == str(
+    jax.make_jaxpr(tx.update)(params, state, params)
+  )
+  assert_trees_equal(exported.init(params), state)
   assert_trees_equal(
     optax_loop(optcore.adam(1e-3).as_optax(), make_params(), 3),
     optax_loop(optax.adam(1e-3), make_params(), 3),
@@ -348,3 +353,48 @@ def test_a_registered_selector_type_selects():
   np.testing.assert_array_equal(stepped.target["encoder"]["kernel"], params["encoder"]["kernel"])
   with pytest.raises(TypeError, match="takes a class and a function"):
     optcore.register_selector_type(Names(), lambda s, p: p)
+
+
+@pytest.mark.parametrize(
+  "make",
+  [
+    lambda: optcore.sgd(0.1, momentum=0.9),
+    lambda: optcore.legacy.Adam(1e-2),
+    lambda: optcore.ema(optcore.adam(1e-2), 0.9),
+    lambda: two_groups(),
+  ],
+  ids=["optax-sgd", "legacy-adam", "ema", "multi"],
+)
+def test_a_hyper_parameter_given_to_the_optax_update_is_honoured_as_an_override(make):
+  """nnx.Optimizer.update(model, grads, learning_rate=lr) passes its keywords to tx.update."""
+  params = make_params()
+  tx, opt = make().as_optax(), make().create(params)
+  state = tx.init(params)
+
+  @jax.jit
+  def step(p, s, lr):
+    updates, s = tx.update(jax.grad(loss_fn)(p), s, p, learning_rate=lr)
+    return optax.apply_updates(p, updates), s
+
+  for lr in (0.0, 0.05, 0.2):
+    before = params
+    params, state = step(params, state, lr)
+    opt = opt.apply_gradient(jax.grad(loss_fn)(opt.target), learning_rate=lr)
+    if lr == 0.0:
+      assert_trees_equal(params, before)
+  for got, want in zip(jax.tree.leaves(params), jax.tree.leaves(opt.target), strict=True):
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+def test_the_optax_update_refuses_a_name_it_does_not_have_and_passes_optax_extras_on():
+  params = make_params()
+  tx = optcore.adam(1e-3).as_optax()
+  with pytest.raises(TypeError, match="unknown hyper-parameter 'lerning_rate'"):
+    tx.update(params, tx.init(params), params, lerning_rate=0.1)
+  # optax's extra arguments reach a transformation that reads them (polyak_sgd's loss value).
+  polyak = optcore.polyak_sgd(max_learning_rate=1.0).as_optax()
+  grads = jax.grad(loss_fn)(params)
+  got, _ = polyak.update(grads, polyak.init(params), params, value=loss_fn(params))
+  raw = optax.polyak_sgd(max_learning_rate=1.0)
+  want, _ = raw.update(grads, raw.init(params), params, value=loss_fn(params))
+  assert_trees_equal(got, want)

@@ -11,26 +11,39 @@ from optcore._src import paths, placement
 
 PyTree = Any
 
+# The extra update arguments optax's own transformations read (lbfgs and its line search,
+# polyak_sgd, reduce_on_plateau): passed on to a wrapped optax transformation, ignored by the
+# others as optax's ignore them. Every other keyword of ``update`` names a hyper-parameter
+# (``nnx.Optimizer.update(model, grads, learning_rate=lr)``): honoured for that step, or
+# refused as `OptimizerDef.update_hyper_params` refuses it (a typo never passes silently).
+OPTAX_EXTRA_ARGS = frozenset({"value", "grad", "value_fn"})
+
+
+def split_update_arguments(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+  """``(hyper_param_overrides, optax_extra_args)`` from the keywords of an ``update``."""
+  extra = {k: v for k, v in kwargs.items() if k in OPTAX_EXTRA_ARGS}
+  return {k: v for k, v in kwargs.items() if k not in OPTAX_EXTRA_ARGS}, extra
+
 
 def as_optax(optimizer_def: Any) -> optax.GradientTransformationExtraArgs:
   """`OptimizerDef.as_optax`: the state is the `OptimizerState`, the updates are
-  the definition's ``compute_updates`` for its own hyper-parameters; extra
-  update arguments are ignored, as optax transformations that need none do."""
+  the definition's ``compute_updates`` for its hyper-parameters, with the
+  hyper-parameter keywords of ``update`` as overrides for that step; optax's
+  extra update arguments are ignored, as optax transformations that need none do."""
 
   def init_fn(params: PyTree) -> Any:
     return optimizer_def.init_state(paths.unbox(params))
 
-  def update_fn(updates: PyTree, state: Any, params: PyTree = None, **extra_args: Any):
-    del extra_args
+  def update_fn(updates: PyTree, state: Any, params: PyTree = None, **kwargs: Any):
+    overrides, _ = split_update_arguments(kwargs)
+    hyper_params = optimizer_def.update_hyper_params(**overrides)
     if params is None:
       raise ValueError(
         f"{optimizer_def!r}.as_optax() computes new parameters, so it needs them: call "
         "tx.update(grads, state, params)."
       )
     state, on_host = placement.to_device(state)  # state_memory_kind="pinned_host"
-    updates, new_state = optimizer_def.compute_updates(
-      optimizer_def.hyper_params, params, state, updates
-    )
+    updates, new_state = optimizer_def.compute_updates(hyper_params, params, state, updates)
     return updates, placement.to_host(new_state, on_host)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
@@ -46,15 +59,20 @@ class ExportMethods:
     Its state is the `OptimizerState`; its updates are ``new_params - params``,
     so ``optax.apply_updates`` lands on the new parameters up to float rounding
     (definitions that wrap optax export their own transformation and are exact).
-    Extra update arguments are ignored, as optax transformations that need
-    none ignore them.
+    A hyper-parameter passed to ``update`` is honoured for that step, as an
+    override of `Optimizer.apply_gradient` is (``nnx.Optimizer.update(model,
+    grads, learning_rate=lr)``; a traced value does not recompile), and a name
+    the definition does not have is refused; optax's extra update arguments
+    (``value``, ``grad``, ``value_fn``) reach a wrapped optax transformation
+    that reads them and are ignored by the others.
 
     Returns:
       An ``optax.GradientTransformationExtraArgs``; its ``update`` needs ``params``.
 
     Raises:
       TypeError: a definition whose state cannot be optax's (``optcore.grouped``
-        keeps the parameters in its own layout).
+        keeps the parameters in its own layout); from ``update``, a keyword
+        that is no hyper-parameter of the definition.
 
     Example:
       >>> import jax.numpy as jnp, optax
@@ -71,6 +89,13 @@ class ExportMethods:
       >>> updates, state = tx.update(params, tx.init(params), params)
       >>> optax.apply_updates(params, updates)['w'], int(state.step)
       (Array([2.], dtype=float32), 1)
+
+    A hyper-parameter given to ``update`` takes effect for that step:
+
+      >>> tx = optcore.sgd(0.1).as_optax()
+      >>> updates, _ = tx.update(params, tx.init(params), params, learning_rate=0.5)
+      >>> updates['w']
+      Array([-2.], dtype=float32)
     """
 
     return as_optax(self)

@@ -40,7 +40,7 @@ from optcore._src.grouped_layout import (
 )
 from optcore._src.hyper_params import HyperParams
 from optcore._src.multi_optimizer import MultiOptimizer
-from optcore._src.optimizer import Optimizer, OptimizerState, keep_shardings
+from optcore._src.optimizer import Optimizer, OptimizerState, Pins, keep_shardings
 from optcore._src.step import apply_step
 
 PyTree = Any
@@ -316,7 +316,7 @@ class GroupedOptimizer(Generic[T]):
   optimizer_def: Grouped
   packed_state: OptimizerState
   packed_target: GroupedParams
-  packed_target_shardings: tuple[Any, ...] | None = None  # as Optimizer.target_shardings
+  packed_target_shardings: Pins = dataclasses.field(default_factory=lambda: Pins())  # as Optimizer's
 
   @property
   def target(self) -> T:
@@ -395,7 +395,7 @@ class GroupedOptimizer(Generic[T]):
 
   def pinned_to(self, shardings: GroupedOptimizer[Any]) -> GroupedOptimizer[T]:
     """This optimizer, whose steps keep the buffers on ``shardings.packed_target``."""
-    pinned = tuple(jax.tree.leaves(shardings.packed_target))
+    pinned = Pins(tuple(jax.tree.leaves(shardings.packed_target)))
     return dataclasses.replace(self, packed_target_shardings=pinned)
 
 

@@ -25,6 +25,7 @@ import optax
 
 from optcore._src import paths
 from optcore._src.base import OptimizerDef, PyTree
+from optcore._src.export import split_update_arguments
 from optcore._src.hyper_params import HyperParams
 from optcore._src.optimizer import OptimizerState
 from optcore._src.traversal import Selector, SelectorError, leaves_with_paths, selector_mask
@@ -124,8 +125,10 @@ class MultiOptimizer(OptimizerDef):
     """The boolean mask of each group.
 
     With ``check``, overlapping groups raise `SelectorError` listing the
-    paths, and a group that selects nothing warns.
+    paths, and a group that selects nothing warns. Parameters holding flax.nnx
+    Variables without ``import optcore_flax`` raise a TypeError that says so.
     """
+    paths.refuse_unread_nnx_variables(params)  # their paths would end in '/value'
     # flax.optim showed its filters arrays: a Python number is seen as a 0-d array.
     typed = jax.tree.map(_typed, params)
     masks = [selector_mask(selector, typed) for selector in self.traversals]
@@ -245,14 +248,17 @@ class MultiOptimizer(OptimizerDef):
       masks = self.masks(params, check=True)
       return tuple(tx.init(_masked(params, m)) for tx, m in zip(subs, masks, strict=True))
 
-    def update_fn(updates: PyTree, state: tuple, params: PyTree = None, **extra_args):
+    def update_fn(updates: PyTree, state: tuple, params: PyTree = None, **kwargs):
+      overrides, extra_args = split_update_arguments(kwargs)
+      self.update_hyper_params(**overrides)  # a name no group has is refused here
       masks = self.masks(updates if params is None else params)
       out = jax.tree.map(jnp.zeros_like, updates)
       new_states = []
-      for tx, mask, sub_state in zip(subs, masks, state, strict=True):
+      for opt, tx, mask, sub_state in zip(self.sub_optimizers, subs, masks, state, strict=True):
         sub_params = None if params is None else _masked(params, mask)
+        mine = {k: v for k, v in overrides.items() if k in opt.overridable_names()}
         sub_updates, sub_state = optax.with_extra_args_support(tx).update(
-          _masked(updates, mask), sub_state, sub_params, **extra_args
+          _masked(updates, mask), sub_state, sub_params, **mine, **extra_args
         )
         out = _merge(out, sub_updates, mask)
         new_states.append(sub_state)

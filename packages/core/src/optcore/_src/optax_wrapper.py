@@ -24,6 +24,7 @@ import optax.contrib
 from optcore._src import overrides, partition_rules, paths, serialization
 from optcore._src.base import OptimizerDef
 from optcore._src.checks import check_float_params
+from optcore._src.export import split_update_arguments
 from optcore._src.hyper_params import HyperParams, static_key
 from optcore._src.optimizer import OptimizerState
 
@@ -177,10 +178,22 @@ class OptaxWrapper(OptimizerDef):
   def as_optax(self) -> Any:
     """The wrapped optax transformation: exact, with optax's own state. Boxed
     parameters (nnx Variables) are unboxed before ``init``, so the state holds
-    arrays, as ``update`` sees them."""
+    arrays, as ``update`` sees them. A hyper-parameter keyword of ``update``
+    (``learning_rate=lr``) is honoured for that step, an unknown one refused;
+    optax's extra arguments (``value``, ...) reach the transformation."""
     tx = self.optax_optimizer
+
+    def update_fn(updates: PyTree, state: Any, params: PyTree = None, **kwargs: Any):
+      overrides, extra = split_update_arguments(kwargs)
+      if not overrides:
+        return optax.with_extra_args_support(tx).update(updates, state, params, **extra)
+      hyper_params = self.update_hyper_params(**overrides)
+      wrapped = OptimizerState(jnp.zeros((), jnp.int32), state)  # the step is not optax's
+      updates, new_state = self.compute_updates(hyper_params, params, wrapped, updates, **extra)
+      return updates, new_state.param_states
+
     return optax.GradientTransformationExtraArgs(
-      lambda params: tx.init(paths.unbox(params)), optax.with_extra_args_support(tx).update
+      lambda params: tx.init(paths.unbox(params)), update_fn
     )
 
   def why_not_elementwise(self) -> str | None:

@@ -76,10 +76,10 @@ class Optimizer(Generic[T]):
   optimizer_def: Any  # an OptimizerDef (defined on top of this module)
   state: OptimizerState
   target: T
-  # create_sharded's shardings of the target's leaves, in its leaf order (static, hashable): each
-  # step constrains the new target to them, so ZeRO-1's split state never leaks into the
-  # parameters of a plain jax.jit step. None: the compiler decides.
-  target_shardings: tuple[Any, ...] | None = None
+  # create_sharded's shardings of the target's leaves (see `Pins`): each step constrains the new
+  # target to them, so ZeRO-1's split state never leaks into the parameters of a plain jax.jit
+  # step. Pins() (none): the compiler decides.
+  target_shardings: Pins = dataclasses.field(default_factory=lambda: Pins())
 
   def apply_gradient(
     self,
@@ -294,7 +294,7 @@ class Optimizer(Generic[T]):
   def pinned_to(self, shardings: Optimizer[Any]) -> Optimizer[T]:
     """This optimizer, whose steps keep the target on ``shardings.target``
     (`create_sharded` pins what it placed; see `keep_shardings`)."""
-    return self.replace(target_shardings=tuple(jax.tree.leaves(shardings.target)))
+    return self.replace(target_shardings=Pins(tuple(jax.tree.leaves(shardings.target))))
 
 
 jax.tree_util.register_dataclass(
@@ -302,13 +302,35 @@ jax.tree_util.register_dataclass(
 )
 
 
-def keep_shardings(target: T, shardings: tuple[Any, ...] | None) -> T:
+@dataclasses.dataclass(frozen=True, eq=False)
+class Pins:
+  """Static shardings, one per target leaf, that a step keeps the target on.
+
+  A hint, not part of the optimizer's identity: all pins compare equal, so an optimizer pinned
+  by `create_sharded`, the same optimizer without pins (``jax.eval_shape(opt_def.create,
+  params)``, the tree `derive_shardings` returns, a plain `create`) and one restored onto
+  another mesh have equal tree structures: the shardings of one serve as ``in_shardings`` or
+  ``out_shardings`` of another, and ``jax.tree.map`` takes them together. The price: a jitted
+  step traced once keeps the pins of its first call for optimizers of the same structure, so
+  moving an optimizer to another mesh takes a new ``jax.jit`` of the step."""
+
+  shardings: tuple[Any, ...] | None = None
+
+  def __eq__(self, other: object) -> bool:
+    return isinstance(other, Pins)
+
+  def __hash__(self) -> int:
+    return hash(Pins)
+
+
+def keep_shardings(target: T, pins: Pins) -> T:
   """``target`` constrained to ``shardings`` (one per leaf), where they still fit its leaves.
 
   Under ``jit`` the compiler picks the updated parameters' sharding from the update's: with
   ZeRO-1 the state, and so the update, is split over the data axis, and without a constraint
   the parameters come back split that way too (``P(None, 'model')`` became
   ``P('data', 'model')``)."""
+  shardings = pins.shardings
   if shardings is None:
     return target
   leaves, treedef = jax.tree.flatten(target)

@@ -150,6 +150,33 @@ def unbox(tree: Any) -> Any:
   return jax.tree.map(lambda x: hidden_child(x)[0] if is_box(x) else x, tree, is_leaf=is_box)
 
 
+def _is_unread_nnx_variable(node: Any) -> bool:
+  """A flax.nnx Variable that no adapter taught optcore to read (by name: the core imports no
+  framework)."""
+  kind = type(node)
+  return (
+    kind.__module__.startswith("flax.nnx")
+    and any(base.__name__ == "Variable" for base in kind.__mro__)
+    and not (_HIDDEN_LEVELS and isinstance(node, _HIDDEN_LEVELS))
+  )
+
+
+def refuse_unread_nnx_variables(tree: Any) -> None:
+  """Raises a TypeError naming the first flax.nnx Variable in ``tree`` when optcore_flax was
+  never imported: without it every path ends in the Variable's ``value`` level, so a selector
+  such as ``'kernel$'`` matches nothing and the groups' state comes out empty (issue 41 met
+  ``TypeError: unsupported operand type(s) for *: 'float' and 'NoneType'`` inside optax)."""
+  keyed = jax.tree_util.tree_flatten_with_path(tree, is_leaf=_is_unread_nnx_variable)[0]
+  for keys, node in keyed:
+    if _is_unread_nnx_variable(node):
+      raise TypeError(
+        f"the parameters hold flax.nnx Variables ({type(node).__name__} at "
+        f"'{path_str(keys)}'), which optcore reads only once optcore_flax is imported: add "
+        "`import optcore_flax` to the program (pip install optcore-flax), before the optimizer "
+        "is initialised, so paths read '/kernel', not '/kernel/value'."
+      )
+
+
 @allows_deep_trees
 def leaves_with_names(
   tree: Any, *, keep_none: bool = False

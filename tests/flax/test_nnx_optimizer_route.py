@@ -1,0 +1,123 @@
+"""optcore inside Flax's own ``nnx.Optimizer`` (through ``opt_def.as_optax()``): the keyword
+arguments of ``update`` are hyper-parameters for that step, honoured or refused as
+``apply_gradient``'s overrides are, and a program that forgot ``import optcore_flax`` is told so
+instead of crashing inside optax (issue 41, point 3)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import optcore
+import optcore_flax  # noqa: F401  (optcore reads nnx Variables once it is imported)
+
+
+def model():
+  return nnx.Linear(3, 2, rngs=nnx.Rngs(0))
+
+
+def grads_of(m):
+  return nnx.grad(lambda m: jnp.sum(m(jnp.ones((4, 3))) ** 2))(m)
+
+
+def kernel(m):
+  return np.asarray(m.kernel[...])
+
+
+@pytest.mark.parametrize(
+  "opt_def",
+  [
+    optcore.sgd(0.1, momentum=0.9),
+    optcore.adamw(1e-2),
+    optcore.MultiOptimizer((r"kernel$", optcore.adam(1e-2)), (r"bias$", optcore.sgd(0.1))),
+    optcore.accumulate(optcore.adam(1e-2), every=1),
+    optcore.legacy.Adam(1e-2),
+  ],
+  ids=["sgd", "adamw", "multi", "accumulate", "legacy-adam"],
+)
+def test_a_learning_rate_given_to_update_is_honoured(opt_def):
+  m = model()
+  opt = nnx.Optimizer(m, opt_def.as_optax(), wrt=nnx.Param)
+  before = kernel(m)
+  opt.update(m, grads_of(m), learning_rate=0.0)
+  np.testing.assert_array_equal(kernel(m), before)  # lr 0: nothing moves
+  # The same override through the core's Optimizer gives the same parameters.
+  m, ref_model = model(), model()
+  opt = nnx.Optimizer(m, opt_def.as_optax(), wrt=nnx.Param)
+  ref = opt_def.create(nnx.state(ref_model, nnx.Param))
+  for lr in (0.3, 0.05):
+    grads = grads_of(m)
+    opt.update(m, grads, learning_rate=lr)
+    ref = ref.apply_gradient(grads, learning_rate=lr)
+  np.testing.assert_allclose(kernel(m), np.asarray(ref.target["kernel"]), rtol=1e-6, atol=1e-7)
+
+
+def test_under_nnx_jit_a_new_learning_rate_does_not_recompile():
+  m = model()
+  opt = nnx.Optimizer(m, optcore.sgd(0.1).as_optax(), wrt=nnx.Param)
+  traces = []
+
+  @nnx.jit
+  def step(m, opt, lr):
+    traces.append(1)
+    opt.update(m, grads_of(m), learning_rate=lr)
+
+  before = kernel(m)
+  step(m, opt, jnp.float32(0.0))
+  np.testing.assert_array_equal(kernel(m), before)
+  step(m, opt, jnp.float32(0.5))
+  assert not np.array_equal(kernel(m), before)
+  assert len(traces) == 1
+
+
+def test_a_misspelt_hyper_parameter_is_refused_and_nothing_moves():
+  m = model()
+  opt = nnx.Optimizer(m, optcore.adam(1e-2).as_optax(), wrt=nnx.Param)
+  before = kernel(m)
+  with pytest.raises(TypeError, match=r"unknown hyper-parameter 'lerning_rate'.*learning_rate"):
+    opt.update(m, grads_of(m), lerning_rate=0.0)
+  np.testing.assert_array_equal(kernel(m), before)
+  multi = optcore.MultiOptimizer((r"kernel$", optcore.adam(1e-2)), (r"bias$", optcore.sgd(0.1)))
+  opt = nnx.Optimizer(m, multi.as_optax(), wrt=nnx.Param)
+  with pytest.raises(TypeError, match=r"no sub-optimizer has the hyper-parameter\(s\) \['lr'\]"):
+    opt.update(m, grads_of(m), lr=0.0)
+
+
+def test_a_group_takes_only_the_overrides_it_has():
+  m = model()
+  multi = optcore.MultiOptimizer(
+    (r"kernel$", optcore.adam(1e-2)), (r"bias$", optcore.sgd(0.1, momentum=0.9))
+  )
+  opt = nnx.Optimizer(m, multi.as_optax(), wrt=nnx.Param)
+  bias = np.asarray(m.bias[...])
+  opt.update(m, grads_of(m), momentum=0.5, learning_rate=0.0)  # adam has no momentum
+  np.testing.assert_array_equal(np.asarray(m.bias[...]), bias)
+
+
+def test_without_import_optcore_flax_a_selector_program_is_told_what_to_import():
+  program = textwrap.dedent(
+    """
+    import jax.numpy as jnp
+    from flax import nnx
+    import optcore
+
+    model = nnx.Linear(2, 3, rngs=nnx.Rngs(0))
+    multi = optcore.MultiOptimizer((r"kernel$", optcore.adam(1e-2)), (r"bias$", optcore.sgd(0.1)))
+    try:
+      nnx.Optimizer(model, multi.as_optax(), wrt=nnx.Param)  # construction already refuses
+    except TypeError as error:
+      print("REFUSED:", error)
+    """
+  )
+  result = subprocess.run(
+    [sys.executable, "-W", "ignore", "-c", program], capture_output=True, text=True, check=True
+  )
+  assert "REFUSED:" in result.stdout, result.stdout + result.stderr
+  assert "import optcore_flax" in result.stdout
+  assert "Param at '/bias'" in result.stdout or "Param at '/kernel'" in result.stdout
