@@ -316,7 +316,7 @@ class GroupedOptimizer(Generic[T]):
   optimizer_def: Grouped
   packed_state: OptimizerState
   packed_target: GroupedParams
-  packed_target_shardings: Pins = dataclasses.field(default_factory=lambda: Pins())  # as Optimizer's
+  packed_target_shardings: Pins = dataclasses.field(default_factory=Pins)  # as Optimizer's
 
   @property
   def target(self) -> T:
