@@ -14,8 +14,9 @@
   nox -s tests-cuda    the suite on JAX's CUDA build (needs an NVIDIA GPU)
   nox -s tests-lowest  each package on the minimum versions its pyproject declares
   nox -s tests-latest  every package on the newest releases, without the lock
-  nox -s docs          the documentation site (docs/_build/html), its link check, and
-                       screenshots of four pages, each checked for showing a page
+  nox -s docs          the documentation site (docs/_build/html), its link check,
+                       screenshots of four pages, each checked for showing a page, and
+                       every page measured at 1280 px for clipped code, tables, figures
 
 Installs come from uv.lock (``uv sync --locked``: a stale lock fails), so every run tests the
 versions developers test; uv.lock resolves per Python (jax 0.10 on 3.11, jax 0.12 on 3.12+).
@@ -303,7 +304,8 @@ def docs(session: nox.Session) -> None:
   internal link (and that each name of the API index links to its entry), then renders the home
   page, the flax.optim migration guide, optcore.Optimizer's API entry and the benchmarks page
   in headless Chromium to docs/_build/screenshots/ (Debian's chromium, installed with apt when
-  missing), and checks each shows a page, not a blank."""
+  missing), checks each shows a page, not a blank, and measures every page at 1280 px: no code
+  block, table, figure or contents entry clipped (docs/_tools/check_clipping.py)."""
   sync(session, None, "docs")
   build = ROOT / "docs" / "_build"
   shutil.rmtree(build / "html", ignore_errors=True)
@@ -317,8 +319,7 @@ def docs(session: nox.Session) -> None:
       chromium,
       "--headless",
       "--no-sandbox",  # CI runs as root, where Chromium's sandbox refuses to start
-      "--disable-gpu",
-      "--hide-scrollbars",
+      "--disable-gpu",  # scroll bars shown: a block that scrolls must not look clipped
       f"--window-size={width},{height}",
       f"--screenshot={shots / name}",
       (build / "html" / page).as_uri(),
@@ -329,6 +330,10 @@ def docs(session: nox.Session) -> None:
       session.error(f"Chromium wrote an empty screenshot of {page}")
   session.run(
     "python", "docs/_tools/check_screenshots.py", *(str(p) for p in sorted(shots.glob("*.png")))
+  )
+  # Every page at a laptop's 1280 px: no code block, table, figure or contents entry clipped.
+  session.run(
+    "python", "docs/_tools/check_clipping.py", str(build / "html"), "--chromium", chromium
   )
   session.log(f"site: {build / 'html' / 'index.html'}; screenshots: {sorted(shots.glob('*.png'))}")
 

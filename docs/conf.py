@@ -27,6 +27,7 @@ extensions = [
   "benchmark_report",
   "codediff",
   "optax_alias",
+  "toc_breaks",
 ]
 myst_enable_extensions = ["colon_fence", "deflist"]
 myst_heading_anchors = 3
@@ -35,6 +36,9 @@ root_doc = "index"
 exclude_patterns = ["_build", "README.md"]
 
 autodoc_member_order = "bysource"
+# The page contents list a method as `apply_gradient()`, not `Optimizer.apply_gradient()`: the
+# class heads its methods there, and the short name fits the column without breaking a word.
+toc_object_entries_show_parents = "hide"
 autodoc_typehints = "signature"
 # No viewcode: its source pages linked back to anchors under the names the code is defined
 # at (optcore._src...), not the public names the reference documents.

@@ -80,34 +80,42 @@ def plot_step_ratios(report: dict, out: Path) -> None:
 
 
 def plot_grouped(report: dict, out: Path) -> None:
-  """`optcore.grouped` over raw optax (benchmarks/grouped.py): one bar per model and variant,
-  quartiles as error bars, each model's A/A control as a grey band; trace+compile beside it."""
+  """`optcore.grouped` over raw optax (benchmarks/grouped.py): one horizontal bar per model and
+  variant, quartiles as error bars, each model's A/A control as a grey band; trace+compile
+  below. Horizontal, so every label reads level at the page's size (the figure is drawn as
+  wide as the article shows it, 9 inches at 100 dpi)."""
   import matplotlib
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
   bars = [(row, key) for row in report["rows"] for key in GROUPED_LABELS if key in row]
+  rows = report["rows"]
   fig, (steps, compiles) = plt.subplots(
-    1, 2, figsize=(10, 3.8), dpi=120, gridspec_kw={"width_ratios": [3, 1]}
+    2,
+    1,
+    figsize=(9, 0.42 * (len(bars) + len(rows)) + 2.2),
+    dpi=100,
+    gridspec_kw={"height_ratios": [len(bars), len(rows)]},
   )
   for i, (row, key) in enumerate(bars):
     _, low, high = row["control"]
-    steps.fill_between([i - 0.45, i + 0.45], low, high, color="0.85", zorder=0)
+    steps.fill_betweenx([i - 0.45, i + 0.45], low, high, color="0.85", zorder=0)
     median, q1, q3 = row[key]
-    steps.bar(i, median, 0.7, color="C0" if key == "grouped" else "C1", zorder=2)
-    steps.errorbar(i, median, yerr=[[median - q1], [q3 - median]], fmt="none", ecolor="0.2")
-  steps.axhline(1.0, color="black", lw=0.8)
-  labels = [f"{row['model']}\n{GROUPED_LABELS[key]}" for row, key in bars]
-  steps.set_xticks(range(len(bars)), labels, fontsize=7, rotation=30, ha="right")
-  steps.set_ylabel("time / raw optax (grey: A/A control)")
-  steps.set_title("Jitted step (forward, backward, adam update)", fontsize=9)
-  rows = report["rows"]
-  compiles.bar(range(len(rows)), [r["compile"][0] for r in rows], 0.7, color="C2")
-  compiles.axhline(1.0, color="black", lw=0.8)
-  compiles.set_xticks(range(len(rows)), [r["model"] for r in rows], fontsize=7, rotation=30)
-  compiles.set_title("Trace + compile", fontsize=9)
-  fig.suptitle(f"optcore.grouped over raw optax per leaf ({_device(report)})", fontsize=9)
+    steps.barh(i, median, 0.7, color="C0" if key == "grouped" else "C1", zorder=2)
+    steps.errorbar(median, i, xerr=[[median - q1], [q3 - median]], fmt="none", ecolor="0.2")
+  steps.axvline(1.0, color="black", lw=0.8)
+  labels = [f"{row['model']}: {GROUPED_LABELS[key]}" for row, key in bars]
+  steps.set_yticks(range(len(bars)), labels, fontsize=10)
+  steps.invert_yaxis()
+  steps.set_xlabel("time / raw optax (grey: the A/A control)", fontsize=10)
+  steps.set_title("Jitted step (forward, backward, adam update)", fontsize=11)
+  compiles.barh(range(len(rows)), [r["compile"][0] for r in rows], 0.7, color="C2")
+  compiles.axvline(1.0, color="black", lw=0.8)
+  compiles.set_yticks(range(len(rows)), [r["model"] for r in rows], fontsize=10)
+  compiles.invert_yaxis()
+  compiles.set_xlabel("trace + compile time / raw optax", fontsize=10)
+  fig.suptitle(f"optcore.grouped over raw optax per leaf ({_device(report)})", fontsize=11)
   fig.tight_layout()
   out.parent.mkdir(parents=True, exist_ok=True)
   fig.savefig(out)

@@ -71,3 +71,26 @@ def test_the_link_check_finds_a_missing_page_and_a_missing_anchor(tmp_path):
     "index.html: api/page.html#gone (no id 'gone' in page.html)",
     "index.html: missing.html (no file missing.html)",
   ]
+
+
+def test_contents_names_break_between_their_words_only():
+  """docs/_ext/toc_breaks.py, which the site build runs: a name in a contents link may wrap after
+  '_', '.', '/' or before a capital that ends a lower-case run, never inside a word; literals
+  elsewhere in a page are left alone."""
+  import importlib.util
+
+  spec = importlib.util.spec_from_file_location(
+    "toc_breaks", Path(__file__).resolve().parents[2] / "docs" / "_ext" / "toc_breaks.py"
+  )
+  toc_breaks = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(toc_breaks)
+  literal = '<code class="docutils literal notranslate"><span class="pre">{}</span></code>'
+  entry = '<a class="reference internal nav-link" href="#x">See {}</a>'
+  page = entry.format(literal.format("MissingHyperParameterError.apply_gradient()"))
+  page += literal.format("apply_gradient")  # in the article: untouched
+  assert toc_breaks.add_breaks(page) == entry.format(
+    literal.format("Missing<wbr>Hyper<wbr>Parameter<wbr>Error.<wbr>apply_<wbr>gradient()")
+  ) + literal.format("apply_gradient")
+  assert toc_breaks.add_breaks(entry.format(literal.format("results/suite.md"))) == entry.format(
+    literal.format("results/<wbr>suite.<wbr>md")
+  )
