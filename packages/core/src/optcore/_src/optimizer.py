@@ -291,10 +291,11 @@ class Optimizer(Generic[T]):
   def replace(self, **changes: Any) -> Optimizer[T]:
     return dataclasses.replace(self, **changes)
 
-  def pinned_to(self, shardings: Optimizer[Any]) -> Optimizer[T]:
-    """This optimizer, whose steps keep the target on ``shardings.target``
-    (`create_sharded` pins what it placed; see `keep_shardings`)."""
-    return self.replace(target_shardings=Pins(tuple(jax.tree.leaves(shardings.target))))
+  def pinned_to(self, shardings: Optimizer[Any], split: Optimizer[Any] | None) -> Optimizer[T]:
+    """This optimizer, whose steps keep the target on ``shardings.target``, the update
+    computed on ``split.target`` first where ZeRO-1 splits it (`create_sharded` pins what it
+    placed; see `keep_shardings`)."""
+    return self.replace(target_shardings=Pins.of(shardings.target, split and split.target))
 
 
 jax.tree_util.register_dataclass(
@@ -315,6 +316,15 @@ class Pins:
   moving an optimizer to another mesh takes a new ``jax.jit`` of the step."""
 
   shardings: tuple[Any, ...] | None = None
+  # ZeRO-1: where each leaf's update is computed (split like its state) before it is gathered
+  # onto ``shardings``; pinning the result alone moved that work and its rounding (jax 0.10's
+  # ZeRO-1 steps stopped being bitwise the one-device run's).
+  split: tuple[Any, ...] | None = None
+
+  @classmethod
+  def of(cls, shardings: PyTree, split: PyTree | None = None) -> Pins:
+    """Pins from a tree of target shardings (and of their ZeRO-1 split)."""
+    return cls(tuple(jax.tree.leaves(shardings)), split and tuple(jax.tree.leaves(split)))
 
   def __eq__(self, other: object) -> bool:
     return isinstance(other, Pins)
@@ -336,9 +346,14 @@ def keep_shardings(target: T, pins: Pins) -> T:
   leaves, treedef = jax.tree.flatten(target)
   if len(leaves) != len(shardings):  # replace(target=...) put other parameters in: theirs
     return target
-  return treedef.unflatten(
-    [jax.lax.with_sharding_constraint(x, s) for x, s in zip(leaves, shardings, strict=True)]
-  )
+  split = pins.split or shardings
+
+  def keep(x: jax.Array, where: Any, final: Any) -> jax.Array:
+    if where != final:
+      x = jax.lax.with_sharding_constraint(x, where)
+    return jax.lax.with_sharding_constraint(x, final)
+
+  return treedef.unflatten(list(map(keep, leaves, split, shardings)))
 
 
 def replicated(tree: PyTree, devices: Sequence[Any]) -> PyTree:

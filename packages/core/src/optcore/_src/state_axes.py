@@ -211,7 +211,9 @@ def optimizer_shardings(
   return shardings
 
 
-def add_state_axis(state: PyTree, shardings: PyTree, mesh: Mesh, state_axis: str) -> PyTree:
+def add_state_axis(
+  state: PyTree, shardings: PyTree, mesh: Mesh, state_axis: str, *, report: bool = True
+) -> PyTree:
   """``shardings`` with every state leaf also split over the mesh axis ``state_axis``.
 
   Each leaf gets the axis on its largest dimension that no other mesh axis
@@ -245,7 +247,7 @@ def add_state_axis(state: PyTree, shardings: PyTree, mesh: Mesh, state_axis: str
     dim = max(free, key=lambda d: (shape[d], -d))
     spec[dim] = state_axis
     out.append(NamedSharding(mesh, PartitionSpec(*spec)))
-  if kept:
+  if kept and report:
     logging.getLogger("optcore").info(
       "state_axis=%r (%d ways) left %d state leaves replicated, no free dimension divisible "
       "by %d: %s",
@@ -283,7 +285,11 @@ def create_sharded(
     state_memory_kind=state_memory_kind,
   )
   optimizer = jax.jit(optimizer_def.create, out_shardings=shardings)(target)
-  return optimizer.pinned_to(shardings)
+  # Under ZeRO-1 the update is computed split like the state, then gathered: the pins say both.
+  split = None
+  if state_axis is not None:
+    split = add_state_axis(abstract, shardings, mesh, state_axis, report=False)
+  return optimizer.pinned_to(shardings, split)
 
 
 def per_parameter_states_axes(
