@@ -307,10 +307,13 @@ def test_wrappers_compose_and_overrides_pass_through():
   assert_bitwise(opt.target, want.target)
   with pytest.raises(TypeError, match="learning_rat"):
     opt.apply_gradient(grads_at(2, params), learning_rat=1.0)
+  # The other order stores the moments in state_dtype; the accumulator keeps its own dtype.
   reverse = optcore.mixed_precision(
     optcore.accumulate(optcore.adam(1e-3), every=2), state_dtype=jnp.bfloat16
   )
-  assert reverse.create(params).state.param_states.inner.accumulated["w"].dtype == jnp.bfloat16
+  state = reverse.create(params).state.param_states.inner
+  assert state.accumulated["w"].dtype == jnp.float32
+  assert state.inner[0].mu["w"].dtype == jnp.bfloat16
 
 
 # state_memory_kind

@@ -77,6 +77,40 @@ class EmaState(NamedTuple):
   count: jax.Array
 
 
+# A wrapper's state: the wrapped definition's state in ``inner``, and fields of its own (the
+# accumulator, the master copies, the average) whose dtype the wrapper declares.
+WRAPPER_STATES = (AccumulateState, MixedPrecisionState, EmaState)
+
+
+def map_optimizer_leaves(fn: Any, tree: PyTree, *rest: PyTree) -> PyTree:
+  """``fn`` over the leaves of ``tree`` (and the same leaves of ``rest``) that an algorithm
+  keeps, leaving a wrapper's own fields as they are: `mixed_precision`'s ``state_dtype`` is the
+  moments' dtype, never an `accumulate` mean's or an `ema` average's (a bfloat16 average of
+  decay 0.999 never moved)."""
+
+  def visit(node: Any, *others: Any) -> Any:
+    if isinstance(node, WRAPPER_STATES):
+      return node._replace(
+        inner=map_optimizer_leaves(fn, node.inner, *(o.inner for o in others))
+      )
+    return fn(node, *others)
+
+  return jax.tree.map(visit, tree, *rest, is_leaf=lambda n: isinstance(n, WRAPPER_STATES))
+
+
+def _wrapped_chain(optimizer_def: OptimizerDef) -> list[OptimizerDef]:
+  """``optimizer_def`` and every definition it wraps, however deep (``ema(accumulate(ema(
+  ...)))`` has two EMAs), the groups of a MultiOptimizer included."""
+  chain, todo = [], [optimizer_def]
+  while todo:
+    current = todo.pop()
+    chain.append(current)
+    if isinstance(current, _Wrapper):
+      todo.append(current.optimizer_def)
+    todo.extend(getattr(current, "sub_optimizers", ()))
+  return chain
+
+
 class _Wrapper(OptimizerDef):
   """What the wrappers share: the wrapped definition's hyper-parameters and
   overrides, its state kept whole in ``inner``, and refusals that name both."""
@@ -97,7 +131,7 @@ class _Wrapper(OptimizerDef):
         f"parameters' layout. Wrap the ungrouped definition: "
         f"{self.name}({getattr(optimizer_def, 'optimizer_def', optimizer_def)!r}, ...)."
       )
-    if isinstance(optimizer_def, type(self)):
+    if any(isinstance(d, type(self)) for d in _wrapped_chain(optimizer_def)):
       raise TypeError(
         f"{self.name}({optimizer_def.display_name()}) wraps {self.name} twice; {self._twice_hint()}"
       )
@@ -166,10 +200,17 @@ class Accumulate(_Wrapper):
   def _twice_hint(self) -> str:
     return "accumulate once, with every= the product of both"
 
+  def _dtype_for(self, param: Any) -> Any:
+    """The accumulator's dtype for ``param``: ``dtype``, complex for a complex parameter (its
+    gradients' imaginary parts are kept at that precision)."""
+    if jnp.iscomplexobj(param):
+      return jnp.promote_types(self.dtype, jnp.complex64)
+    return self.dtype
+
   def init_state(self, params: PyTree) -> OptimizerState:
     check_float_params(params)
     inner = self.optimizer_def.init_state(params)
-    accumulated = jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), self.dtype), params)
+    accumulated = jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), self._dtype_for(p)), params)
     state = AccumulateState(inner.param_states, accumulated, jnp.zeros((), jnp.int32))
     return OptimizerState(inner.step, state)
 
@@ -230,7 +271,9 @@ class Accumulate(_Wrapper):
     treedef = jax.tree.structure(grads)
     # optax.MultiSteps' running mean, to the bit: acc + (g - acc) / (n + 1).
     pairs = zip(treedef.flatten_up_to(acc.accumulated), jax.tree.leaves(grads), strict=True)
-    accumulated = treedef.unflatten([a + (g - a) / (n + 1) for a, g in pairs])
+    # In the accumulator's own dtype, whatever the gradients' (a bfloat16 accumulator turned
+    # float32 after one float32 gradient, and lax.fori_loop refused the changed carry).
+    accumulated = treedef.unflatten([(a + (g - a) / (n + 1)).astype(a.dtype) for a, g in pairs])
     mean = jax.tree.map(lambda a, g: a.astype(jnp.result_type(g)), accumulated, grads)
     return accumulated, mean, n == self.every - 1
 
@@ -315,7 +358,7 @@ class MixedPrecision(_Wrapper):
   def _store(self, param_states: PyTree) -> PyTree:
     if self.state_dtype is None:
       return param_states
-    return jax.tree.map(
+    return map_optimizer_leaves(
       lambda x: x.astype(self.state_dtype) if _is_real_float(x) else x, param_states
     )
 
@@ -344,7 +387,7 @@ class MixedPrecision(_Wrapper):
     working = self._working(params, mixed.master)
     # The dtypes the wrapped definition computes in: those its own init gives.
     natural = jax.eval_shape(self.optimizer_def.init_state, working).param_states
-    read = jax.tree.map(
+    read = map_optimizer_leaves(
       lambda x, n: x.astype(n.dtype) if _is_real_float(x) else x, mixed.inner, natural
     )
     grads = jax.tree.map(lambda g, w: jnp.asarray(g).astype(jnp.result_type(w)), grads, working)
