@@ -90,9 +90,7 @@ def map_optimizer_leaves(fn: Any, tree: PyTree, *rest: PyTree) -> PyTree:
 
   def visit(node: Any, *others: Any) -> Any:
     if isinstance(node, WRAPPER_STATES):
-      return node._replace(
-        inner=map_optimizer_leaves(fn, node.inner, *(o.inner for o in others))
-      )
+      return node._replace(inner=map_optimizer_leaves(fn, node.inner, *(o.inner for o in others)))
     return fn(node, *others)
 
   return jax.tree.map(visit, tree, *rest, is_leaf=lambda n: isinstance(n, WRAPPER_STATES))
