@@ -393,11 +393,11 @@ class GroupedOptimizer(Generic[T]):
       changes["packed_state"] = pack_like(self.packed_state, changes.pop("state"))
     return dataclasses.replace(self, **changes)
 
-  def pinned_to(
+  def _pinned_to(
     self, shardings: GroupedOptimizer[Any], split: GroupedOptimizer[Any] | None
   ) -> GroupedOptimizer[T]:
     """This optimizer, whose steps keep the buffers on ``shardings.packed_target`` (as
-    `Optimizer.pinned_to`)."""
+    `Optimizer._pinned_to`)."""
     pins = Pins.of(shardings.packed_target, split and split.packed_target)
     return dataclasses.replace(self, packed_target_shardings=pins)
 

@@ -56,6 +56,36 @@ jax.tree_util.register_dataclass(
 )
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class Pins:
+  """Static shardings, one per target leaf, that a step keeps the target on.
+
+  A hint, not part of the optimizer's identity: all pins compare equal, so an optimizer pinned
+  by `create_sharded`, the same optimizer without pins (``jax.eval_shape(opt_def.create,
+  params)``, the tree `derive_shardings` returns, a plain `create`) and one restored onto
+  another mesh have equal tree structures: the shardings of one serve as ``in_shardings`` or
+  ``out_shardings`` of another, and ``jax.tree.map`` takes them together. The price: a jitted
+  step traced once keeps the pins of its first call for optimizers of the same structure, so
+  moving an optimizer to another mesh takes a new ``jax.jit`` of the step."""
+
+  shardings: tuple[Any, ...] | None = None
+  # ZeRO-1: where each leaf's update is computed (split like its state) before it is gathered
+  # onto ``shardings``; pinning the result alone moved that work and its rounding (jax 0.10's
+  # ZeRO-1 steps stopped being bitwise the one-device run's).
+  split: tuple[Any, ...] | None = None
+
+  @classmethod
+  def of(cls, shardings: PyTree, split: PyTree | None = None) -> Pins:
+    """Pins from a tree of target shardings (and of their ZeRO-1 split)."""
+    return cls(tuple(jax.tree.leaves(shardings)), split and tuple(jax.tree.leaves(split)))
+
+  def __eq__(self, other: object) -> bool:
+    return isinstance(other, Pins)
+
+  def __hash__(self) -> int:
+    return hash(Pins)
+
+
 @dataclasses.dataclass(frozen=True)
 class Optimizer(Generic[T]):
   """An optimizer definition bound to its target (the parameters) and state.
@@ -79,7 +109,7 @@ class Optimizer(Generic[T]):
   # create_sharded's shardings of the target's leaves (see `Pins`): each step constrains the new
   # target to them, so ZeRO-1's split state never leaks into the parameters of a plain jax.jit
   # step. Pins() (none): the compiler decides.
-  target_shardings: Pins = dataclasses.field(default_factory=lambda: Pins())
+  target_shardings: Pins = dataclasses.field(default_factory=Pins)
 
   def apply_gradient(
     self,
@@ -291,7 +321,7 @@ class Optimizer(Generic[T]):
   def replace(self, **changes: Any) -> Optimizer[T]:
     return dataclasses.replace(self, **changes)
 
-  def pinned_to(self, shardings: Optimizer[Any], split: Optimizer[Any] | None) -> Optimizer[T]:
+  def _pinned_to(self, shardings: Optimizer[Any], split: Optimizer[Any] | None) -> Optimizer[T]:
     """This optimizer, whose steps keep the target on ``shardings.target``, the update
     computed on ``split.target`` first where ZeRO-1 splits it (`create_sharded` pins what it
     placed; see `keep_shardings`)."""
@@ -303,38 +333,9 @@ jax.tree_util.register_dataclass(
 )
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class Pins:
-  """Static shardings, one per target leaf, that a step keeps the target on.
-
-  A hint, not part of the optimizer's identity: all pins compare equal, so an optimizer pinned
-  by `create_sharded`, the same optimizer without pins (``jax.eval_shape(opt_def.create,
-  params)``, the tree `derive_shardings` returns, a plain `create`) and one restored onto
-  another mesh have equal tree structures: the shardings of one serve as ``in_shardings`` or
-  ``out_shardings`` of another, and ``jax.tree.map`` takes them together. The price: a jitted
-  step traced once keeps the pins of its first call for optimizers of the same structure, so
-  moving an optimizer to another mesh takes a new ``jax.jit`` of the step."""
-
-  shardings: tuple[Any, ...] | None = None
-  # ZeRO-1: where each leaf's update is computed (split like its state) before it is gathered
-  # onto ``shardings``; pinning the result alone moved that work and its rounding (jax 0.10's
-  # ZeRO-1 steps stopped being bitwise the one-device run's).
-  split: tuple[Any, ...] | None = None
-
-  @classmethod
-  def of(cls, shardings: PyTree, split: PyTree | None = None) -> Pins:
-    """Pins from a tree of target shardings (and of their ZeRO-1 split)."""
-    return cls(tuple(jax.tree.leaves(shardings)), split and tuple(jax.tree.leaves(split)))
-
-  def __eq__(self, other: object) -> bool:
-    return isinstance(other, Pins)
-
-  def __hash__(self) -> int:
-    return hash(Pins)
-
-
 def keep_shardings(target: T, pins: Pins) -> T:
-  """``target`` constrained to ``shardings`` (one per leaf), where they still fit its leaves.
+  """``target`` constrained to the shardings ``pins`` hold (one per leaf, each computed on its
+  ZeRO-1 split first), where they still fit its leaves.
 
   Under ``jit`` the compiler picks the updated parameters' sharding from the update's: with
   ZeRO-1 the state, and so the update, is split over the data axis, and without a constraint

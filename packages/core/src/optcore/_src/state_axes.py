@@ -289,7 +289,7 @@ def create_sharded(
   split = None
   if state_axis is not None:
     split = add_state_axis(abstract, shardings, mesh, state_axis, report=False)
-  return optimizer.pinned_to(shardings, split)
+  return optimizer._pinned_to(shardings, split)
 
 
 def per_parameter_states_axes(
