@@ -92,6 +92,10 @@ class Optimizer(Generic[T]):
 
   Immutable: `apply_gradient` and `restore_state` return a new Optimizer. A
   pytree whose leaves are the state and the target; the definition is static.
+  One made by `OptimizerDef.create_sharded` also holds, as static data, the
+  target's shardings (``target_shardings``): each step keeps the new target on
+  them, so a plain ``jax.jit`` step never returns the parameters split like a
+  ZeRO-1 state.
 
   Example:
     >>> import jax, jax.numpy as jnp
