@@ -91,6 +91,18 @@ class OptimizerDef(
   #: Adafactor and the T5X face) do; the core's optax wrappers refuse both.
   legacy_state_dicts: bool = True
 
+  #: The flags above: a definition that wraps another (`accumulate`, `ema`, ...) takes each
+  #: from the definition it wraps unless it declares that it changes it.
+  FLAGS: tuple[str, ...] = (
+    "per_parameter_state",
+    "per_example_gradients",
+    "elementwise",
+    "groups_parameters",
+    "constructor_only",
+    "none_means_off",
+    "legacy_state_dicts",
+  )
+
   def __init__(self, hyper_params: HyperParams | Mapping[str, Any] | Any):
     if dataclasses.is_dataclass(hyper_params) and not isinstance(hyper_params, type):
       # flax.optim definitions pass a struct dataclass of their hyper-parameters.

@@ -15,7 +15,9 @@ of updates applied to the parameters.
 from __future__ import annotations
 
 import copy
-from typing import Any, NamedTuple
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -114,6 +116,12 @@ class _Wrapper(OptimizerDef):
   overrides, its state kept whole in ``inner``, and refusals that name both."""
 
   name = ""
+  #: The flags (`OptimizerDef.FLAGS`) this wrapper sets itself; every other one is the wrapped
+  #: definition's. Its state is its own NamedTuple around the wrapped one, never per parameter,
+  #: and it is not grouped (its own state follows the parameters' layout).
+  changes: ClassVar[Mapping[str, Any]] = MappingProxyType(
+    {"per_parameter_state": False, "elementwise": False}
+  )
 
   def __init__(self, optimizer_def: OptimizerDef):
     if not isinstance(optimizer_def, OptimizerDef):
@@ -136,10 +144,8 @@ class _Wrapper(OptimizerDef):
     super().__init__(HyperParams())
     self.hyper_params = optimizer_def.hyper_params  # a MultiOptimizer's is a list
     self.optimizer_def = optimizer_def
-    self.per_parameter_state = False
-    self.legacy_state_dicts = optimizer_def.legacy_state_dicts
-    self.constructor_only = optimizer_def.constructor_only
-    self.none_means_off = optimizer_def.none_means_off
+    for flag in OptimizerDef.FLAGS:
+      setattr(self, flag, self.changes.get(flag, getattr(optimizer_def, flag)))
 
   def _twice_hint(self) -> str:
     return "wrap it once"
