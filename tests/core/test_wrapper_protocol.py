@@ -4,6 +4,7 @@ construction, so a new flag on `OptimizerDef` reaches every wrapper without a li
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -51,3 +52,32 @@ def test_per_example_gradients_pass_through_a_wrapper_as_bare_dpsgd_takes_them(w
     np.testing.assert_allclose(opt.target[name], bare.target[name], rtol=1e-6)
   with pytest.raises(optcore.TreeMismatchError, match="'/w'"):
     opt.apply_gradient({"w": jnp.ones((4, 2)), "b": jnp.ones((4, 2))})
+
+
+def test_a_longer_windows_mini_step_is_refused_on_restore_and_transplant():
+  """A state written by accumulate(every=4) at mini_step 3 restored into every=2: four gradients
+  were silently dropped (issue 37). Refused, naming the path, the bound and the fix; the
+  optimizer it was read into is unchanged; a window as long or longer takes it."""
+  params = {"w": jnp.ones(2)}
+  written = optcore.accumulate(optcore.adam(1e-2), every=4).create(params)
+  for _ in range(3):
+    written = written.apply_gradient({"w": jnp.ones(2)})
+  saved = written.state_dict()
+  shorter = optcore.accumulate(optcore.adam(1e-2), every=2).create(params)
+  before = shorter.state_dict()
+  message = r"'state/param_states/mini_step': expected a count below every=2.*found 3.*every=4"
+  with pytest.raises(optcore.StateDictError, match=message):
+    shorter.restore_state(saved)
+  with pytest.raises(optcore.StateDictError, match=message):
+    optcore.transplant(shorter, saved)
+  nested = optcore.ema(optcore.accumulate(optcore.adam(1e-2), every=2), 0.9).create(params)
+  nested_saved = optcore.ema(optcore.accumulate(optcore.adam(1e-2), every=4), 0.9).create(params)
+  for _ in range(3):
+    nested_saved = nested_saved.apply_gradient({"w": jnp.ones(2)})
+  with pytest.raises(optcore.StateDictError, match="mini_step"):
+    nested.restore_state(nested_saved.state_dict())
+  assert_equal = np.testing.assert_array_equal
+  for got, want in zip(jax.tree.leaves(shorter.state_dict()), jax.tree.leaves(before), strict=True):
+    assert_equal(got, want)
+  longer = optcore.accumulate(optcore.adam(1e-2), every=8).create(params).restore_state(saved)
+  assert int(longer.state.param_states.mini_step) == 3

@@ -457,7 +457,8 @@ class StateDictMethods:
 
     Raises:
       optcore.StateDictError: a missing or extra key, a shape or a dtype that
-        differ (the message names the path); nothing is changed then.
+        differ (the message names the path), or a value the definition cannot
+        continue from (`check_state_values`); nothing is changed then.
 
     Example:
       >>> import numpy as np, jax.numpy as jnp
@@ -469,4 +470,13 @@ class StateDictMethods:
       >>> opt.restore_state(state_dict).state.step
       array(7, dtype=int32)
     """
-    return restore_optimizer_state(target, state, state_dict, legacy=self.legacy_state_dicts)
+    new_target, new_state = restore_optimizer_state(
+      target, state, state_dict, legacy=self.legacy_state_dicts
+    )
+    self.check_state_values(new_state)
+    return new_target, new_state
+
+  def check_state_values(self, state: OptimizerState) -> None:
+    """Raises `StateDictError` for a restored ``state`` whose structure, shapes and dtypes fit
+    but whose values this definition cannot continue from (`accumulate`'s ``mini_step`` of a
+    longer window). Every restore and transplant calls it; by default it accepts all."""

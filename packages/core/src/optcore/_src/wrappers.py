@@ -31,6 +31,7 @@ from optcore._src.checks import check_float_params
 from optcore._src.hyper_params import HyperParams
 from optcore._src.optax_wrapper import OptaxWrapper
 from optcore._src.optimizer import OptimizerState
+from optcore._src.serialization import StateDictError
 
 PyTree = Any
 
@@ -168,6 +169,9 @@ class _Wrapper(OptimizerDef):
   def ema_params(self, state: OptimizerState) -> PyTree:
     return self.optimizer_def.ema_params(self._inner_state(state))
 
+  def check_state_values(self, state: OptimizerState) -> None:
+    self.optimizer_def.check_state_values(self._inner_state(state))
+
   def with_param_logical_axes(self, param_logical_axes: PyTree) -> OptimizerDef:
     inner = self.optimizer_def.with_param_logical_axes(param_logical_axes)
     if inner is self.optimizer_def:
@@ -203,6 +207,20 @@ class Accumulate(_Wrapper):
 
   def _twice_hint(self) -> str:
     return "accumulate once, with every= the product of both"
+
+  def check_state_values(self, state: OptimizerState) -> None:
+    """A ``mini_step`` of ``every`` or more was written by a longer window: continuing would
+    drop the gradients it holds (a state of every=4 at mini_step 3 read into every=2)."""
+    mini_step = state.param_states.mini_step
+    if not isinstance(mini_step, jax.core.Tracer) and not 0 <= int(mini_step) < self.every:
+      raise StateDictError(
+        f"at 'state/param_states/mini_step': expected a count below every={self.every} for "
+        f"{self!r}, found {int(mini_step)}: the state was written by an accumulation of a "
+        f"longer window, whose gradients this one would drop. Restore it into an accumulate of "
+        f"every={int(mini_step) + 1} or more (as the one that wrote it), or save it at the end "
+        "of a window (mini_step 0)."
+      )
+    super().check_state_values(state)
 
   def _dtype_for(self, param: Any) -> Any:
     """The accumulator's dtype for ``param``: ``dtype``, complex for a complex parameter (its
