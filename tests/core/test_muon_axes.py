@@ -163,3 +163,21 @@ def test_shardings_of_a_muon_created_sharded_fit_it_as_jit_shardings():
   assert jax.tree.structure(shardings) == jax.tree.structure(opt)  # the bound definition's
   step = jax.jit(lambda o, g: o.apply_gradient(g), in_shardings=(shardings, None))
   step(opt, grads_at(0, params))
+
+
+def test_more_axis_names_than_dimensions_are_refused_by_path():
+  """Three logical axes for a 2-D parameter were accepted (issue 37): which two were meant?"""
+  with pytest.raises(optcore.PartitionRuleError, match=r"'/w'.*3 entries.*2 dimensions"):
+    optcore.contrib.muon(0.02, param_logical_axes={"w": P("layers", "embed", "mlp")}).create(
+      {"w": jnp.ones((4, 8))}
+    )
+
+
+def test_the_default_rule_table_is_read_only():
+  """A program that added a name to MATRIX_AXIS_RULES changed every other optimizer's rules;
+  matrix_rules= adds names to one optimizer."""
+  from optcore.partitioning import MATRIX_AXIS_RULES
+
+  with pytest.raises(TypeError):
+    MATRIX_AXIS_RULES["d_ff"] = "matrix"  # type: ignore[index]
+  assert "d_ff" not in MATRIX_AXIS_RULES

@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import jax
@@ -42,19 +43,21 @@ PyTree = Any
 
 #: The default rule table of `optcore.contrib.muon`: logical axis name -> "matrix",
 #: "batch" or "adam" (see `muon_dimension_numbers`).
-MATRIX_AXIS_RULES: Mapping[str, str] = {
-  "embed": "matrix",
-  "mlp": "matrix",
-  "heads": "matrix",
-  "kv": "matrix",
-  "joined_kv": "matrix",
-  "q_heads": "matrix",
-  "kv_heads": "matrix",
-  "layers": "batch",
-  "stack": "batch",
-  "experts": "batch",
-  "vocab": "adam",
-}
+MATRIX_AXIS_RULES: Mapping[str, str] = MappingProxyType(
+  {
+    "embed": "matrix",
+    "mlp": "matrix",
+    "heads": "matrix",
+    "kv": "matrix",
+    "joined_kv": "matrix",
+    "q_heads": "matrix",
+    "kv_heads": "matrix",
+    "layers": "batch",
+    "stack": "batch",
+    "experts": "batch",
+    "vocab": "adam",
+  }
+)  # read-only: add names per optimizer with matrix_rules=, never to every program's table
 ROLES = ("matrix", "batch", "adam")
 MODEL_AXIS = "embed"
 
@@ -106,6 +109,13 @@ def muon_dimension_numbers(
       out.append(None)
       continue
     entries = () if spec is None else (spec,) if isinstance(spec, str) else tuple(spec)
+    if len(entries) > len(leaf.shape):  # three names for a matrix: which two were meant?
+      raise PartitionRuleError(
+        f"muon: the axes of the parameter at {paths.path_str(keys)!r} are "
+        f"{PartitionSpec(*entries)} with {len(entries)} entries, but the parameter has "
+        f"{len(leaf.shape)} dimensions (shape {tuple(leaf.shape)}). Give one axis name per "
+        "dimension."
+      )
     entries += (None,) * (len(leaf.shape) - len(entries))
     out.append(_dimension_numbers(paths.path_str(keys), leaf, PartitionSpec(*entries), table))
   return treedef.unflatten(out)
