@@ -165,3 +165,23 @@ def test_configs_round_trip(opt_def):
 def test_wrong_inputs_are_named(build, error, match):
   with pytest.raises(error, match=match):
     build()
+
+
+@pytest.mark.parametrize("jitted", [False, True], ids=["eager", "jit"])
+def test_an_average_kept_in_host_memory_is_read_where_the_parameters_are(jitted):
+  """With state_memory_kind="pinned_host", ema_params came back in host memory and the first
+  matmul with it failed inside JAX (issue 37)."""
+  mesh = Mesh(np.array(jax.devices()[:1]), ("data",))
+  params = {"w": jnp.ones((4, 4))}
+  opt_def = optcore.ema(optcore.adam(1e-2), 0.9)
+  opt = opt_def.create_sharded(params, mesh=mesh, state_memory_kind="pinned_host")
+  opt = jax.jit(lambda o, g: o.apply_gradient(g))(opt, {"w": jnp.ones((4, 4))})
+  assert opt.state.param_states.ema["w"].sharding.memory_kind == "pinned_host"
+  read = jax.jit(lambda o: o.ema_params) if jitted else (lambda o: o.ema_params)
+  average = read(opt)["w"]
+  assert average.sharding.memory_kind == "device"
+  plain = optcore.ema(optcore.adam(1e-2), 0.9).create(params)
+  plain = plain.apply_gradient({"w": jnp.ones((4, 4))})
+  np.testing.assert_array_equal(
+    average @ jnp.ones((4, 4)), plain.ema_params["w"] @ jnp.ones((4, 4))
+  )

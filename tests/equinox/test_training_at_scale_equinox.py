@@ -74,3 +74,15 @@ def test_the_stack_in_host_memory_gives_the_on_device_numbers():
   master = host.state.param_states.inner.master.layers[0].weight
   assert master.dtype == jnp.float32 and master.sharding.memory_kind == "pinned_host"
   assert_trees_equal(ours.layers[0].weight, master.astype(jnp.bfloat16))
+
+
+def test_an_average_in_host_memory_comes_back_on_the_device():
+  model = eqx.nn.Linear(4, 4, key=jax.random.key(0))
+  mesh = Mesh(np.array(jax.devices()[:1]), ("data",))
+  opt = optcore_equinox.Optimizer(optcore.ema(optcore.adam(1e-2), 0.9), model)
+  opt = opt.shard(model, mesh=mesh, state_memory_kind="pinned_host")
+  grads = jax.tree.map(jnp.ones_like, model)
+  model, opt = eqx.filter_jit(lambda m, o: o.update(grads, m))(model, opt)
+  average = opt.ema_params(model)
+  assert average.weight.sharding.memory_kind == "device"
+  assert average(jnp.ones(4)).shape == (4,)  # the matmul runs

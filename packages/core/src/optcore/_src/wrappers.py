@@ -25,7 +25,7 @@ import numpy as np
 import optax
 from jax.sharding import PartitionSpec
 
-from optcore._src import paths
+from optcore._src import paths, placement
 from optcore._src.base import OptimizerDef
 from optcore._src.checks import check_float_params
 from optcore._src.hyper_params import HyperParams
@@ -515,6 +515,9 @@ class Ema(_Wrapper):
     """The moving average of the parameters (with ``debias``, divided by ``1 -
     decay**count``; before the first update, the zeros it starts from)."""
     average, count = state.param_states.ema, state.param_states.count
+    # Where the parameters are: an average kept in host memory (state_memory_kind) comes back
+    # on the device, so the first matmul with it does not fail inside JAX.
+    average, _ = placement.to_device(average)
     if not self.debias:
       return average
     correction = 1 - jnp.asarray(self.decay, jnp.float32) ** count
