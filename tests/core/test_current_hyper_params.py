@@ -89,3 +89,30 @@ def test_a_state_from_as_optax_answers_through_the_definition():
   values = opt_def.current_hyper_params(state)
   assert float(values["learning_rate"]) == 0.75
   np.testing.assert_allclose(values["weight_decay"], 0.1)
+
+
+def test_an_as_optax_state_is_read_at_its_schedules_own_count():
+  """chain([apply_every(2), sgd(schedule)]).as_optax(): the first count of the state is
+  apply_every's, which cycles 0, 1, 0, ...; the schedule is evaluated at scale_by_schedule's."""
+  params = {"w": jnp.ones(3)}
+  schedule = optax.linear_schedule(1.0, 0.0, 10)
+  opt_def = optcore.chain([optax.apply_every(2), optcore.sgd(schedule)])
+  tx = opt_def.as_optax()
+  state = tx.init(params)
+  for i in range(4):
+    got = opt_def.current_hyper_params(state)["transformations/1/learning_rate"]
+    np.testing.assert_allclose(got, schedule(i))
+    _, state = tx.update({"w": jnp.ones(3)}, state, params)
+
+
+@pytest.mark.parametrize(
+  "opt_def",
+  [optcore.sgd(0.1), optcore.MultiOptimizer(("w", optcore.sgd(0.1)))],
+  ids=["sgd", "multi"],
+)
+def test_constants_are_read_from_a_state_that_keeps_no_count(opt_def):
+  """The documented call, opt_def.current_hyper_params(tx.init(p)), was refused for sgd, whose
+  optax state holds no count: constants need none."""
+  state = opt_def.as_optax().init({"w": jnp.ones(3)})
+  values = opt_def.current_hyper_params(state)
+  assert next(v for k, v in values.items() if k.endswith("learning_rate")) == jnp.float32(0.1)

@@ -394,13 +394,27 @@ def _step_of(optimizer_def: OptimizerDef, state: Any) -> Any:
   state a wrapped optax definition's ``as_optax()`` keeps, optax's ``count``."""
   if isinstance(state, OptimizerState):
     return state.step
+  # The count a schedule is evaluated at is the one its own scale_by_schedule keeps: the first
+  # count of the state may be another transformation's (apply_every's cycles 0, 1, 0, ...).
+  is_scheduled = lambda x: isinstance(x, optax.ScaleByScheduleState)
+  scheduled = [x for x in jax.tree.leaves(state, is_leaf=is_scheduled) if is_scheduled(x)]
+  if scheduled:
+    return scheduled[0].count
   counts = optax.tree_utils.tree_get_all_with_path(state, "count")
   if counts:
     return counts[0][1]
+  if not _has_schedule(optimizer_def.hyper_params):
+    return jnp.zeros((), jnp.int32)  # constants only: no step to read (sgd's state is empty)
   raise TypeError(
     f"{optimizer_def.display_name()}: found no step count in {type(state).__name__}; pass "
     "the optimizer's OptimizerState (opt.state, or the opt_state of its as_optax())"
   )
+
+
+def _has_schedule(hyper_params: Any) -> bool:
+  """Whether any hyper-parameter (a MultiOptimizer's groups' included) is a schedule."""
+  groups = hyper_params if isinstance(hyper_params, list) else [hyper_params]
+  return any(callable(v) for hp in groups for v in dict(hp.items()).values())
 
 
 def _register_static(cls: type) -> None:
