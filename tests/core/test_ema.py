@@ -185,3 +185,21 @@ def test_an_average_kept_in_host_memory_is_read_where_the_parameters_are(jitted)
   np.testing.assert_array_equal(
     average @ jnp.ones((4, 4)), plain.ema_params["w"] @ jnp.ones((4, 4))
   )
+
+
+def test_an_average_kept_by_one_group_of_a_multi_optimizer_is_read_out():
+  """ema_params of an EMA inside a MultiOptimizer group advised wrapping the whole
+  MultiOptimizer in ema again (issue 37): the group's average, the other parameters as they
+  are."""
+  params = {"w": jnp.ones(3), "b": jnp.ones(2)}
+  multi = optcore.MultiOptimizer(("w", optcore.ema(optcore.sgd(0.1), 0.9)), ("b", optcore.sgd(0.1)))
+  opt = multi.create(params)
+  plain = optcore.ema(optcore.sgd(0.1), 0.9).create({"w": params["w"]})
+  for _ in range(3):
+    opt = opt.apply_gradient({"w": jnp.ones(3), "b": jnp.ones(2)})
+    plain = plain.apply_gradient({"w": jnp.ones(3)})
+  np.testing.assert_array_equal(opt.ema_params["w"], plain.ema_params["w"])
+  np.testing.assert_array_equal(opt.ema_params["b"], opt.target["b"])  # no group averages b
+  assert multi.keeps_ema() and not optcore.MultiOptimizer(("w", optcore.sgd(0.1))).keeps_ema()
+  with pytest.raises(TypeError, match="keeps no moving average"):
+    _ = optcore.MultiOptimizer(("w|b", optcore.sgd(0.1))).create(params).ema_params

@@ -86,3 +86,16 @@ def test_an_average_in_host_memory_comes_back_on_the_device():
   average = opt.ema_params(model)
   assert average.weight.sharding.memory_kind == "device"
   assert average(jnp.ones(4)).shape == (4,)  # the matmul runs
+
+
+def test_a_groups_average_fills_a_whole_model():
+  model = eqx.nn.Linear(4, 2, key=jax.random.key(0))
+  multi = optcore.MultiOptimizer(
+    ("weight", optcore.ema(optcore.sgd(0.1), 0.5)), ("bias", optcore.sgd(0.1))
+  )
+  opt = optcore_equinox.Optimizer(multi, model)
+  grads = jax.tree.map(jnp.ones_like, model)
+  new_model, opt = opt.update(grads, model)
+  average = opt.ema_params(new_model)
+  np.testing.assert_allclose(average.weight, 0.5 * model.weight + 0.5 * new_model.weight)
+  np.testing.assert_array_equal(average.bias, new_model.bias)  # no group averages the bias

@@ -21,6 +21,8 @@ same errors, and writes the same state dicts.
 - `key_data_for_export`: typed PRNG keys as key data, for formats without
   them (msgpack).
 - `warn`: a warning attributed to the user's line, whatever path led to it.
+- `fill_unaveraged`: a definition's ``ema_params`` with the parameters no
+  `MultiOptimizer` group averages filled in from the parameters.
 
 See "Writing an adapter" in the documentation (docs/concepts/adapters.md) for the Treex
 face as a worked example.
@@ -38,6 +40,7 @@ Example:
 """
 
 from optcore._src.optax_wrapper import as_definition as as_definition
+from optcore._src.optimizer import fill_unaveraged as fill_unaveraged
 from optcore._src.serialization import key_data_for_export as key_data_for_export
 from optcore._src.serialization import restore_state_only as restore_state
 from optcore._src.serialization import state_only_dict as state_dict
@@ -49,6 +52,7 @@ from optcore._src.user_warnings import warn as warn
 
 __all__ = [
   "as_definition",
+  "fill_unaveraged",
   "key_data_for_export",
   "restore_state",
   "state_dict",

@@ -105,8 +105,9 @@ class Optimizer(eqx.Module):
       >>> bool(jnp.allclose(averaged.bias, 0.9 * model.bias + 0.1 * new_model.bias))
       True
     """
-    _, static = eqx.partition(model, self.wrt)
-    return eqx.combine(self.optimizer_def.ema_params(self.state), static)
+    params, static = eqx.partition(model, self.wrt)
+    average = adapter.fill_unaveraged(self.optimizer_def.ema_params(self.state), params)
+    return eqx.combine(average, static)
 
   def update(
     self, grads: PyTree, model: PyTree, *, extra_args: Mapping[str, Any] | None = None, **overrides

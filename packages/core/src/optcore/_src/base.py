@@ -294,6 +294,11 @@ class OptimizerDef(
     """
     return current_values(self.hyper_params, _step_of(self, state))
 
+  def keeps_ema(self) -> bool:
+    """Whether this definition (or one it wraps, or one of its groups) keeps a moving average
+    of the parameters (`optcore.ema`)."""
+    return False
+
   def ema_params(self, state: OptimizerState) -> PyTree:
     """The moving average of the parameters that `ema` keeps in ``state``.
 

@@ -266,6 +266,23 @@ class MultiOptimizer(OptimizerDef):
 
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
+  def keeps_ema(self) -> bool:
+    return any(opt.keeps_ema() for opt in self.sub_optimizers)
+
+  def ema_params(self, state: OptimizerState) -> PyTree:
+    """The moving averages the groups keep (`optcore.ema` around a group's definition), in the
+    parameters' structure, None where no group keeps one (the faces fill those with the
+    parameters themselves)."""
+    if self.per_parameter_state or not self.keeps_ema():
+      return super().ema_params(state)
+    averages = [
+      opt.ema_params(OptimizerState(state.step, sub))
+      for opt, sub in zip(self.sub_optimizers, state.param_states, strict=True)
+      if opt.keeps_ema()
+    ]
+    first = lambda *xs: next((x for x in xs if x is not None), None)
+    return jax.tree.map(first, *averages, is_leaf=lambda x: x is None)
+
   def overridable_names(self) -> frozenset[str]:
     """Every name some group accepts."""
     return frozenset().union(*(opt.overridable_names() for opt in self.sub_optimizers))

@@ -244,7 +244,7 @@ class Optimizer(Generic[T]):
   def ema_params(self) -> T:
     """The moving average of the target that an `optcore.ema` definition
     keeps, in the target's structure; TypeError for any other definition."""
-    return self.optimizer_def.ema_params(self.state)
+    return fill_unaveraged(self.optimizer_def.ema_params(self.state), self.target)
 
   def state_dict(self) -> dict[str, Any]:
     """The state dict in Flax's layout, for a checkpoint (orbax, msgpack, ...).
@@ -335,6 +335,32 @@ class Optimizer(Generic[T]):
 jax.tree_util.register_dataclass(
   Optimizer, data_fields=["state", "target"], meta_fields=["optimizer_def", "target_shardings"]
 )
+
+
+def fill_unaveraged(average: PyTree, params: PyTree) -> PyTree:
+  """``average`` with each None (a parameter no `MultiOptimizer` group averages) replaced by the
+  parameter itself, so the result is a whole model's parameters.
+
+  Args:
+    average: what a definition's ``ema_params(state)`` returns.
+    params: the parameters, in the same structure.
+
+  Returns:
+    The average where one is kept, the parameter elsewhere.
+
+  Raises:
+    ValueError: ``average`` does not have the parameters' structure.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from optcore import adapter
+    >>> params = {'w': jnp.ones(1), 'b': jnp.ones(1)}
+    >>> adapter.fill_unaveraged({'w': jnp.zeros(1), 'b': None}, params)
+    {'b': Array([1.], dtype=float32), 'w': Array([0.], dtype=float32)}
+  """
+  treedef = jax.tree.structure(params)
+  pairs = zip(treedef.flatten_up_to(average), jax.tree.leaves(params), strict=True)
+  return treedef.unflatten([p if a is None else a for a, p in pairs])
 
 
 def keep_shardings(target: T, pins: Pins) -> T:

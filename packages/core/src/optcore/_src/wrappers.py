@@ -169,6 +169,9 @@ class _Wrapper(OptimizerDef):
   def ema_params(self, state: OptimizerState) -> PyTree:
     return self.optimizer_def.ema_params(self._inner_state(state))
 
+  def keeps_ema(self) -> bool:
+    return self.optimizer_def.keeps_ema()
+
   def check_state_values(self, state: OptimizerState) -> None:
     self.optimizer_def.check_state_values(self._inner_state(state))
 
@@ -510,6 +513,9 @@ class Ema(_Wrapper):
     average = treedef.unflatten([decay * e + (1 - decay) * p.astype(e.dtype) for e, p in pairs])
     new_state = EmaState(new_inner.param_states, average, state.param_states.count + 1)
     return new_params, OptimizerState(new_inner.step, new_state)
+
+  def keeps_ema(self) -> bool:
+    return True
 
   def ema_params(self, state: OptimizerState) -> PyTree:
     """The moving average of the parameters (with ``debias``, divided by ``1 -
