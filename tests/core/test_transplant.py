@@ -327,3 +327,26 @@ def test_wrong_inputs_are_named():
     optcore.transplant(optcore.adam(1e-2), opt.state_dict())
   with pytest.raises(TypeError, match="holds its parameters"):
     optcore.transplant(opt, opt.state_dict(), make_params())
+
+
+def test_list_shaped_parameters_move_their_count_by_role_as_dicts_do():
+  """With parameters [w, b] the path param_states/0/count was read as parameter 0's state, so
+  adam's count (5) was kept beside a new parameter's zero moments: its first update was 2.5x a
+  fresh adam's (issue 37). The count is a count, in a list as in a dict."""
+  shapes = [(3,), (2,)]
+  as_list = [jnp.ones(s) for s in shapes]
+  as_dict = {"a": jnp.ones(shapes[0]), "b": jnp.ones(shapes[1])}
+  reports = []
+  for old_params, new_params in [
+    (as_list, [*as_list, jnp.ones(4)]),
+    (as_dict, {**as_dict, "c": jnp.ones(4)}),
+  ]:
+    old = optcore.adam(1e-2).create(old_params)
+    for _ in range(5):
+      old = old.apply_gradient(jax.tree.map(jnp.ones_like, old_params))
+    new, report = optcore.adam(1e-2).create(new_params).transplant(old.state_dict())
+    assert int(new.state.param_states[0].count) == 0  # restarted with the new moments
+    reports.append([(entry.path.split("/")[-1] == "count", entry.note) for entry in report.kept])
+    reports.append(sorted(e.path.rsplit("/", 1)[0] for e in report.initialised))
+  assert reports[0] == reports[2]
+  assert reports[1] == reports[3]  # the count and the new parameter's mu and nu, in both

@@ -287,6 +287,8 @@ def _classify(leaves: list[tuple[Path, Any]], params: set[Path], lengths: list[i
         break
     else:
       for n in lengths:  # flax.optim's and T5X's: .../<param>/role
+        if _is_counter(leaf.value):  # optax's .../<index>/count under list parameters [w, b]
+          break
         if len(path) > n and path[-n - 1 : -1] in params:
           leaf.param, leaf.role = path[-n - 1 : -1], path[-1]
           break
@@ -306,6 +308,13 @@ def _classify(leaves: list[tuple[Path, Any]], params: set[Path], lengths: list[i
     leaf.key = (*base, seen.get(base, 0))
     seen[base] = seen.get(base, 0) + 1
   return out
+
+
+def _is_counter(value: Any) -> bool:
+  """An integer scalar: a count (optax's ``count``, a ``mini_step``), never a parameter's
+  state in flax.optim's layout, whose roles are float arrays."""
+  dtype = getattr(value, "dtype", None)
+  return dtype is not None and np.ndim(value) == 0 and np.issubdtype(dtype, np.integer)
 
 
 def _same_name_beside(leaf: _Leaf, old: list[_Leaf]) -> _Leaf | None:
