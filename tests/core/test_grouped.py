@@ -411,3 +411,16 @@ def test_a_config_names_a_grouped_definition_and_round_trips():
     )
   with pytest.raises(optcore.config.ConfigError, match="'grouped' takes"):
     optcore.config.from_config({"name": "grouped", "max_leaf_size": 10})
+
+
+def test_a_replaced_target_of_another_shape_is_refused_by_path():
+  """replace(target=...) with a (3, 2) array for a (2, 3) parameter was read back reshaped."""
+  params = make_params()
+  opt = optcore.grouped(optcore.sgd(0.1), max_leaf_size=MAX_LEAF_SIZE).create(params)
+  wrong = {**params, "w1": jnp.ones((8, 16))}
+  with pytest.raises(optcore.TreeMismatchError, match=r"'/w1' is float32\[8, 16\].*\[16, 8\]"):
+    opt.replace(target=wrong)
+  with pytest.raises(optcore.TreeMismatchError, match="'/b1' is bfloat16"):
+    opt.replace(target={**params, "b1": params["b1"].astype(jnp.bfloat16)})
+  doubled = jax.tree.map(lambda x: 2 * x, params)
+  chex_equal(opt.replace(target=doubled).target, doubled)

@@ -29,7 +29,7 @@ from jax.sharding import Mesh, PartitionSpec
 
 from optcore._src import partition_rules, paths, sharding, state_axes
 from optcore._src.base import OptimizerDef
-from optcore._src.checks import check_float_params, check_gradients
+from optcore._src.checks import TreeMismatchError, check_float_params, check_gradients
 from optcore._src.grouped_layout import (
   Entry,
   GroupedParams,
@@ -388,7 +388,9 @@ class GroupedOptimizer(Generic[T]):
     """A copy with ``target=`` and/or ``state=`` (ungrouped, as the properties
     give them) or ``packed_target=``/``packed_state=`` replaced."""
     if "target" in changes:
-      changes["packed_target"] = self.packed_target.layout.pack(changes.pop("target"))
+      target = changes.pop("target")
+      _check_target(self.packed_target.layout, target)
+      changes["packed_target"] = self.packed_target.layout.pack(target)
     if "state" in changes:
       changes["packed_state"] = pack_like(self.packed_state, changes.pop("state"))
     return dataclasses.replace(self, **changes)
@@ -407,6 +409,30 @@ jax.tree_util.register_dataclass(
   data_fields=["packed_state", "packed_target"],
   meta_fields=["optimizer_def", "packed_target_shardings"],
 )
+
+
+def _check_target(layout: Any, target: PyTree) -> None:
+  """Raises `TreeMismatchError` naming the first parameter of ``target`` whose shape or dtype
+  is not the layout's: a buffer holds its elements flat, so a (3, 2) array for a (2, 3)
+  parameter would be read back reshaped."""
+  shapes = layout.shapes()
+  target = paths.conform(shapes, target)
+  keyed, treedef = jax.tree_util.tree_flatten_with_path(shapes)
+  try:
+    given = treedef.flatten_up_to(target)
+  except (ValueError, TypeError) as e:
+    raise TreeMismatchError(
+      f"replace(target=...): the new target does not have the parameters' structure: {e}"
+    ) from None
+  for (keys, want), got in zip(keyed, given, strict=True):
+    got_shape, got_dtype = tuple(jnp.shape(got)), jnp.result_type(got)
+    if got_shape != tuple(want.shape) or got_dtype != want.dtype:
+      raise TreeMismatchError(
+        f"replace(target=...): the parameter at {paths.path_str(keys)!r} is "
+        f"{got_dtype.name}{list(got_shape)}, but this grouped optimizer's layout holds "
+        f"{want.dtype.name}{list(want.shape)} there. Give it the same shape and dtype (a "
+        "buffer keeps elements, not shapes), or create a new optimizer for other parameters."
+      )
 
 
 def grouped(
