@@ -81,3 +81,21 @@ def test_a_longer_windows_mini_step_is_refused_on_restore_and_transplant():
     assert_equal(got, want)
   longer = optcore.accumulate(optcore.adam(1e-2), every=8).create(params).restore_state(saved)
   assert int(longer.state.param_states.mini_step) == 3
+
+
+@pytest.mark.parametrize(
+  "make",
+  [
+    lambda: optcore.mixed_precision(optcore.adam(1e-2), master_dtype=jnp.float64),
+    lambda: optcore.mixed_precision(optcore.adam(1e-2), state_dtype=jnp.float64),
+    lambda: optcore.ema(optcore.adam(1e-2), dtype=jnp.float64),
+    lambda: optcore.accumulate(optcore.adam(1e-2), every=2, dtype=jnp.float64),
+  ],
+  ids=["master", "state", "ema", "accumulate"],
+)
+def test_a_64_bit_dtype_with_x64_off_is_refused_at_construction(make):
+  """JAX makes every float64 array float32 while x64 is off: a float64 master copy would be a
+  float32 one, silently (issue 37)."""
+  assert not jax.config.jax_enable_x64
+  with pytest.raises(TypeError, match=r"float64 needs 64-bit JAX.*jax_enable_x64"):
+    make()

@@ -562,6 +562,12 @@ def _floating_dtype(where: str, name: str, dtype: Any) -> Any:
       f"{where}: {name} must be a real floating dtype (jnp.float32, jnp.bfloat16, ...); "
       f"got {name}={dtype!r}"
     )
+  if resolved.itemsize == 8 and not jax.config.jax_enable_x64:
+    raise TypeError(
+      f"{where}: {name}={resolved.name} needs 64-bit JAX, which is off: every array would be "
+      f"made float32 instead, silently. Turn it on first (jax.config.update('jax_enable_x64', "
+      f"True)), or pass {name}=jnp.float32."
+    )
   return resolved.type
 
 
