@@ -463,3 +463,19 @@ def test_one_constructor_for_ready_transformations_and_factories():
   assert_trees_equal(updates, raw_updates)
   with pytest.raises(TypeError, match=r"sgd: \['lr'\] are not arguments of the factory"):
     optcore.OptaxWrapper(optax.sgd, {"lr": 0.1})
+
+
+@pytest.mark.parametrize(
+  ("schedule", "error", "match"),
+  [
+    (lambda count: jnp.full((3,), 0.1), ValueError, r"returns float32\[3\].*broadcast silently"),
+    (lambda count: None, TypeError, "returns None for a step count"),
+  ],
+  ids=["vector", "none"],
+)
+def test_a_constructor_schedule_that_is_no_scalar_per_step_is_refused(schedule, error, match):
+  """A schedule returning a vector was broadcast over every parameter silently, and one
+  returning None ended in a bare optax TypeError at the first step (issue 37)."""
+  with pytest.raises(error, match=f"sgd: the schedule given for learning_rate {match}"):
+    optcore.sgd(schedule)
+  optcore.sgd(optax.linear_schedule(1.0, 0.0, 10))  # a real schedule is taken

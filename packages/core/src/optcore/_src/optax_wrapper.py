@@ -71,6 +71,9 @@ class OptaxWrapper(OptimizerDef):
     factory = None if hyper_params is None else optax_optimizer
     if factory is not None:
       hyper_params = _arguments(factory, hyper_params, name)
+      for key, value in hyper_params.items():  # optax's ScalarOrSchedule arguments
+        if key.endswith("learning_rate") and callable(value) and not hasattr(value, "shape"):
+          overrides.check_schedule(name or factory.__name__, key, value)
     if name is None:
       source = optax_optimizer if factory is not None else type(optax_optimizer)
       name = getattr(source, "__name__", None) or type(source).__name__

@@ -335,6 +335,19 @@ def check_override(owner: str, name: str, current: Any, value: Any) -> None:
     )
 
 
+def check_schedule(owner: str, name: str, schedule: Any) -> None:
+  """Raises where a schedule given to a constructor (``optcore.sgd(lambda count: ...)``) does
+  not return one number per step: traced once, abstractly, as an override's schedule is
+  (None ended in a bare optax TypeError; a vector was broadcast over every parameter)."""
+  out = _schedule_output(owner, name, schedule)
+  if out.shape != () or np.dtype(out.dtype).kind not in "iuf":
+    raise ValueError(
+      f"{owner}: the schedule given for {name} returns {out.dtype}{list(out.shape)} for a step "
+      "count; a schedule returns one real number (a scalar) for each step, the same for every "
+      "parameter (a vector would broadcast silently)."
+    )
+
+
 def _schedule_output(owner: str, name: str, schedule: Any) -> Any:
   """What ``schedule(count)`` gives, as an abstract value (traced once, at trace time),
   so its output is checked as a plain override would be; None is refused here."""
