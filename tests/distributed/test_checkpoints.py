@@ -162,3 +162,23 @@ def test_zero1_state_restores_replicated_and_onto_another_mesh(tmp_path, cpu_dev
   mu = on4.state.param_states[0].mu["dense"]["kernel"]  # (16, 32): split on the 32
   assert {s.data.shape for s in mu.addressable_shards} == {(16, 32 // 4)}
   assert on4.target["dense"]["kernel"].sharding.is_fully_replicated
+
+
+def test_a_restore_into_a_zero1_host_memory_optimizer_keeps_its_layout(cpu_devices):
+  """A state dict read back as NumPy arrays (orbax without shardings, msgpack) restored into an
+  optimizer that create_sharded placed: every leaf keeps that optimizer's sharding and memory
+  kind, as a transplant does (the restored state was left on one device, in device memory)."""
+  mesh = Mesh(np.array(cpu_devices), ("data",))
+  params = make_params()
+  opt_def = optcore.ema(optcore.adam(1e-2), 0.9)
+  placed = opt_def.create_sharded(
+    params, mesh=mesh, state_axis="data", state_memory_kind="pinned_host"
+  )
+  saved = jax.tree.map(np.asarray, placed.apply_gradient(make_params(1)).state_dict())
+  restored = placed.restore_state(saved)
+  for got, want in zip(jax.tree.leaves(restored), jax.tree.leaves(placed), strict=True):
+    assert got.sharding == want.sharding, (got.sharding, want.sharding)
+  assert {x.sharding.memory_kind for x in jax.tree.leaves(restored.state) if x.ndim} == {
+    "pinned_host"
+  }
+  assert_trees_equal(restored.state_dict(), saved)

@@ -94,3 +94,29 @@ def to_host(state: PyTree, on_host: tuple[bool, ...] | None) -> PyTree:
     for x, h in zip(leaves, on_host, strict=True)
   ]
   return treedef.unflatten(back)
+
+
+def placed_like(value: Any, reference: Any, *, placed_only: bool = False) -> Any:
+  """``value`` where ``reference`` lives (its sharding and memory kind), as it is under a trace
+  or where ``reference`` is no array. ``placed_only``: only where ``reference`` was placed on
+  purpose (a `NamedSharding`, as `create_sharded` gives, or host memory); a plain array on the
+  default device leaves ``value`` as it is (a flax.optim restore gives NumPy arrays back)."""
+  if not isinstance(reference, jax.Array) or isinstance(reference, jax.core.Tracer):
+    return value
+  if isinstance(value, jax.core.Tracer):
+    return value
+  sharding = reference.sharding
+  if placed_only and not (
+    isinstance(sharding, NamedSharding) or getattr(sharding, "memory_kind", None) == "pinned_host"
+  ):
+    return value
+  return jax.device_put(value, sharding)
+
+
+def keep_placement(tree: PyTree, reference: PyTree) -> PyTree:
+  """``tree`` (a restored target or state) placed leaf by leaf where ``reference`` (the
+  optimizer's own) was placed: a restore into a ZeRO-1 or host-memory optimizer keeps its
+  layout, as a transplant does."""
+  treedef = jax.tree.structure(reference)
+  pairs = zip(treedef.flatten_up_to(tree), jax.tree.leaves(reference), strict=True)
+  return treedef.unflatten([placed_like(v, r, placed_only=True) for v, r in pairs])

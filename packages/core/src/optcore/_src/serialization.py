@@ -16,7 +16,7 @@ import jax
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from optcore._src import paths
+from optcore._src import paths, placement
 from optcore._src.checks import dtype_name
 
 if TYPE_CHECKING:
@@ -474,7 +474,8 @@ class StateDictMethods:
       target, state, state_dict, legacy=self.legacy_state_dicts
     )
     self.check_state_values(new_state)
-    return new_target, new_state
+    # Where this optimizer's own arrays were placed (create_sharded's layout, host memory).
+    return placement.keep_placement(new_target, target), placement.keep_placement(new_state, state)
 
   def check_state_values(self, state: OptimizerState) -> None:
     """Raises `StateDictError` for a restored ``state`` whose structure, shapes and dtypes fit

@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from optcore._src import paths
+from optcore._src import paths, placement
 from optcore._src.checks import dtype_name
 from optcore._src.serialization import (
   StateDictError,
@@ -250,7 +250,7 @@ def transplant_state(
       initialised.append(TransplantEntry(path, source_path, problem))
       continue
     used.add(source.path)
-    values[leaf.path] = _placed_like(value, leaf.value)
+    values[leaf.path] = placement.placed_like(value, leaf.value)
     note = "; ".join(filter(None, [note, _cast_note(source.value, leaf.value)]))
     kept.append(TransplantEntry(path, source_path, note))
   dropped = tuple(TransplantEntry("/".join(leaf.path)) for leaf in old if leaf.path not in used)
@@ -352,15 +352,6 @@ def _fit(value: Any, reference: Any) -> tuple[Any, str]:
   if kind is None or kind != ref_kind:
     return None, f"{describe(value)} in the state dict, {describe(reference)} here"
   return (value.astype(ref_dtype) if hasattr(value, "astype") else np.asarray(value, ref_dtype)), ""
-
-
-def _placed_like(value: Any, reference: Any) -> Any:
-  """``value`` where ``reference`` lives (its sharding and memory kind: a state
-  that `create_sharded` placed keeps its layout); as it is under a trace."""
-  if isinstance(reference, jax.Array) and not isinstance(reference, jax.core.Tracer):
-    if not isinstance(value, jax.core.Tracer):
-      return jax.device_put(value, reference.sharding)
-  return value
 
 
 def _kind(x: Any) -> str | None:
