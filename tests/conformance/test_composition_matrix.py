@@ -12,58 +12,16 @@ checkpoint and back.
 
 from __future__ import annotations
 
-import itertools
-
-import jax
-import jax.numpy as jnp
 import pytest
+from composition import ALGORITHMS, CALLS, ORDERS, build, grads, order_id, params
 from faces import FACES
 from tree_testing import assert_trees_equal
 
-import optcore
-
-BF16, F32 = jnp.bfloat16, jnp.float32
-WRAPPERS = {
-  "accumulate": lambda d: optcore.accumulate(d, every=2),
-  "ema": lambda d: optcore.ema(d, 0.9),
-  "mixed_precision": lambda d: optcore.mixed_precision(d, state_dtype=BF16, master_dtype=F32),
-}
-ALGORITHMS = {
-  "adam": lambda: optcore.adam(1e-2),
-  "multi": lambda: optcore.MultiOptimizer(
-    ("kernel", optcore.adam(1e-2)), ("bias", optcore.sgd(1e-2, momentum=0.9))
-  ),
-}
-ORDERS = [(w,) for w in WRAPPERS] + list(itertools.permutations(WRAPPERS, 2))
 CASES = [(order, algorithm) for order in ORDERS for algorithm in ALGORITHMS]
-CALLS = 5
-
-
-def build(order: tuple[str, ...], algorithm: str) -> optcore.OptimizerDef:
-  opt_def = ALGORITHMS[algorithm]()
-  for name in reversed(order):
-    opt_def = WRAPPERS[name](opt_def)
-  return opt_def
-
-
-def params():
-  return {
-    "kernel": (jnp.arange(6.0).reshape(2, 3) / 6).astype(BF16),
-    "bias": jnp.array([0.1, -0.2, 0.3], BF16),
-  }
-
-
-def grads(i):
-  key = jax.random.key(i)
-  return {
-    "kernel": jax.random.normal(key, (2, 3), BF16),
-    "bias": jax.random.normal(jax.random.fold_in(key, 1), (3,), BF16),
-  }
 
 
 def case_id(case) -> str:
-  order, algorithm = case
-  return "(".join(order) + f"({algorithm})" + ")" * (len(order) - 1)
+  return order_id(*case)
 
 
 def train(face, opt_def, calls=CALLS, handle=None):

@@ -1,0 +1,55 @@
+"""The table the composition-matrix tests are generated from (one device and the 8-device mesh):
+the wrappers, the algorithms they wrap, the orders tried, and the training data. A new wrapper
+joins every composition test by one line in `WRAPPERS`."""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+
+import optcore
+
+BF16, F32 = jnp.bfloat16, jnp.float32
+WRAPPERS = {
+  "accumulate": lambda d: optcore.accumulate(d, every=2),
+  "ema": lambda d: optcore.ema(d, 0.9),
+  "mixed_precision": lambda d: optcore.mixed_precision(d, state_dtype=BF16, master_dtype=F32),
+}
+ALGORITHMS = {
+  "adam": lambda: optcore.adam(1e-2),
+  "multi": lambda: optcore.MultiOptimizer(
+    ("kernel", optcore.adam(1e-2)), ("bias", optcore.sgd(1e-2, momentum=0.9))
+  ),
+}
+# Each wrapper alone and every ordered pair (the triples: tests/core/test_wrapper_orders.py).
+ORDERS = [(w,) for w in WRAPPERS] + list(itertools.permutations(WRAPPERS, 2))
+CALLS = 5  # every=2: the last call is in the middle of a window
+
+
+def build(order: tuple[str, ...], algorithm: str = "adam") -> optcore.OptimizerDef:
+  """``algorithm`` wrapped in ``order``, outermost first."""
+  opt_def = ALGORITHMS[algorithm]()
+  for name in reversed(order):
+    opt_def = WRAPPERS[name](opt_def)
+  return opt_def
+
+
+def params():
+  return {
+    "kernel": (jnp.arange(6.0).reshape(2, 3) / 6).astype(BF16),
+    "bias": jnp.array([0.1, -0.2, 0.3], BF16),
+  }
+
+
+def grads(i: int):
+  key = jax.random.key(i)
+  return {
+    "kernel": jax.random.normal(key, (2, 3), BF16),
+    "bias": jax.random.normal(jax.random.fold_in(key, 1), (3,), BF16),
+  }
+
+
+def order_id(order: tuple[str, ...], algorithm: str = "adam") -> str:
+  return "(".join(order) + f"({algorithm})" + ")" * (len(order) - 1)
