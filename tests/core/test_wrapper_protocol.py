@@ -99,3 +99,19 @@ def test_a_64_bit_dtype_with_x64_off_is_refused_at_construction(make):
   assert not jax.config.jax_enable_x64
   with pytest.raises(TypeError, match=r"float64 needs 64-bit JAX.*jax_enable_x64"):
     make()
+
+
+def test_every_wrapper_is_in_the_composition_table():
+  """A new wrapper joins the composition matrix (every face, every pair, the mesh) by one line
+  in tests/support/composition.py; this test fails until it has that line and a state type
+  listed among WRAPPER_STATES (development page, "A new definition wrapper")."""
+  from composition import WRAPPERS as TABLE
+
+  from optcore._src import wrappers
+
+  classes = wrappers._Wrapper.__subclasses__()
+  assert {cls.name for cls in classes} == set(TABLE)
+  for name, make in TABLE.items():
+    state = make(optcore.adam(1e-2)).init_state({"w": jnp.ones(2)}).param_states
+    assert isinstance(state, wrappers.WRAPPER_STATES), name
+    assert state._fields[0] == "inner", name
