@@ -267,7 +267,7 @@ def test_as_optax_of_a_per_parameter_definition():
   for a, b in zip(jax.tree.leaves(via_optax), jax.tree.leaves(opt.target), strict=True):
     np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)  # p + (new - p) rounds
   tx = Momentum().as_optax()
-  with pytest.raises(ValueError, match=r"needs them: call tx.update\(grads, state, params\)"):
+  with pytest.raises(ValueError, match=r"params must be provided: Momentum.*new - old"):
     tx.update(params, tx.init(params))
 
 
@@ -398,3 +398,21 @@ def test_the_optax_update_refuses_a_name_it_does_not_have_and_passes_optax_extra
   raw = optax.polyak_sgd(max_learning_rate=1.0)
   want, _ = raw.update(grads, raw.init(params), params, value=loss_fn(params))
   assert_trees_equal(got, want)
+
+
+def test_an_accumulated_optax_definition_updates_without_params_as_multisteps_does():
+  """accumulate(...).as_optax() refused update(grads, state) without params, which
+  optax.MultiSteps accepts (issue 42); a definition that needs them still says so."""
+  params = make_params()
+  tx = optcore.accumulate(optcore.adam(0.1), every=2).as_optax()
+  ref = optax.MultiSteps(optax.adam(0.1), every_k_schedule=2)
+  state, ref_state = tx.init(params), ref.init(params)
+  update, ref_update = jax.jit(tx.update), jax.jit(ref.update)  # no params: both
+  for _ in range(3):
+    grads = jax.grad(loss_fn)(params)
+    updates, state = update(grads, state)
+    want, ref_state = ref_update(grads, ref_state)
+    assert_trees_equal(updates, want)
+  legacy_tx = optcore.legacy.Adam(0.1).as_optax()
+  with pytest.raises(ValueError, match="params must be provided"):
+    legacy_tx.update(params, legacy_tx.init(params))

@@ -37,11 +37,8 @@ def as_optax(optimizer_def: Any) -> optax.GradientTransformationExtraArgs:
   def update_fn(updates: PyTree, state: Any, params: PyTree = None, **kwargs: Any):
     overrides, _ = split_update_arguments(kwargs)
     hyper_params = optimizer_def.update_hyper_params(**overrides)
-    if params is None:
-      raise ValueError(
-        f"{optimizer_def!r}.as_optax() computes new parameters, so it needs them: call "
-        "tx.update(grads, state, params)."
-      )
+    # params may be None where the definition needs none (accumulate of an optax definition,
+    # as optax.MultiSteps takes it); compute_updates says so for one that does.
     state, on_host = placement.to_device(state)  # state_memory_kind="pinned_host"
     updates, new_state = optimizer_def.compute_updates(hyper_params, params, state, updates)
     return updates, placement.to_host(new_state, on_host)
@@ -67,7 +64,9 @@ class ExportMethods:
     that reads them and are ignored by the others.
 
     Returns:
-      An ``optax.GradientTransformationExtraArgs``; its ``update`` needs ``params``.
+      An ``optax.GradientTransformationExtraArgs``; its ``update`` needs ``params``
+      unless the definition computes no new parameters (``accumulate`` of a wrapped optax
+      definition takes ``update(grads, state)``, as ``optax.MultiSteps`` does).
 
     Raises:
       TypeError: a definition whose state cannot be optax's (``optcore.grouped``
