@@ -99,3 +99,15 @@ def test_a_groups_average_fills_a_whole_model():
   average = opt.ema_params(new_model)
   np.testing.assert_allclose(average.weight, 0.5 * model.weight + 0.5 * new_model.weight)
   np.testing.assert_array_equal(average.bias, new_model.bias)  # no group averages the bias
+
+
+def test_the_read_out_functions_take_the_equinox_optimizer():
+  model = eqx.nn.Linear(4, 2, key=jax.random.key(0))
+  schedule = optax.exponential_decay(1.0, 1, 0.5)
+  opt_def = optcore.accumulate(optcore.ema(optcore.sgd(schedule), 0.5), every=1)
+  opt = optcore_equinox.Optimizer(opt_def, model)
+  new_model, opt = opt.update(jax.tree.map(jnp.ones_like, model), model)
+  average = optcore.ema_params(opt, new_model)
+  np.testing.assert_allclose(average.weight, 0.5 * model.weight + 0.5 * new_model.weight)
+  assert float(optcore.current_hyper_params(opt)["learning_rate"]) == float(schedule(1))
+  assert float(opt.current_hyper_params()["learning_rate"]) == float(schedule(1))

@@ -11,6 +11,7 @@ import textwrap
 
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 
@@ -121,3 +122,19 @@ def test_without_import_optcore_flax_a_selector_program_is_told_what_to_import()
   assert "REFUSED:" in result.stdout, result.stdout + result.stderr
   assert "import optcore_flax" in result.stdout
   assert "Param at '/bias'" in result.stdout or "Param at '/kernel'" in result.stdout
+
+
+def test_the_read_out_functions_read_an_nnx_optimizers_state_with_its_definition():
+  schedule = optax.exponential_decay(1.0, 1, 0.5)
+  opt_def = optcore.ema(optcore.sgd(schedule), decay=0.5)
+  m = model()
+  before = kernel(m)
+  optimizer = nnx.Optimizer(m, opt_def.as_optax(), wrt=nnx.Param)
+  optimizer.update(m, grads_of(m))
+  average = optcore.ema_params(optimizer.opt_state, optimizer_def=opt_def)
+  np.testing.assert_allclose(average["kernel"], 0.5 * before + 0.5 * kernel(m), rtol=1e-6)
+  expected = np.asarray(average["kernel"])
+  nnx.update(m, average)  # an nnx State: the model now holds the average
+  np.testing.assert_array_equal(kernel(m), expected)
+  read = optcore.current_hyper_params(optimizer.opt_state, optimizer_def=opt_def)
+  assert float(read["learning_rate"]) == float(schedule(1))

@@ -74,3 +74,17 @@ def test_master_copies_and_host_memory_in_the_treex_face():
   assert master.kernel.dtype == jnp.float32
   assert master.kernel.sharding.memory_kind == "pinned_host"
   assert_trees_equal(ours.kernel, master.kernel.astype(jnp.bfloat16))
+
+
+def test_the_read_out_functions_take_the_treex_optimizer():
+  params = {"w": jnp.array([1.0, 2.0])}
+  schedule = optax.exponential_decay(1.0, 1, 0.5)
+  optimizer = Optimizer(
+    optcore.mixed_precision(optcore.ema(optcore.sgd(schedule), 0.5), master_dtype=jnp.float32)
+  ).init(params)
+  new_params = optimizer.update({"w": jnp.ones(2)}, params)
+  np.testing.assert_allclose(
+    optcore.ema_params(optimizer)["w"], 0.5 * params["w"] + 0.5 * new_params["w"]
+  )
+  assert_trees_equal(optcore.ema_params(optimizer), optimizer.ema_params)
+  assert float(optcore.current_hyper_params(optimizer)["learning_rate"]) == float(schedule(1))

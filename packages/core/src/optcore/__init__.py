@@ -83,6 +83,8 @@ from optcore._src.partition_rules import PartitionRuleError as PartitionRuleErro
 from optcore._src.partition_rules import derive_optax_logical_axes as derive_optax_logical_axes
 from optcore._src.partition_rules import register_state_rule as register_state_rule
 from optcore._src.paths import register_hidden_level as register_hidden_level
+from optcore._src.readouts import current_hyper_params as current_hyper_params
+from optcore._src.readouts import ema_params as ema_params
 from optcore._src.serialization import StateDictError as StateDictError
 from optcore._src.serialization import from_state_dict as from_state_dict
 from optcore._src.serialization import to_state_dict as to_state_dict
@@ -176,8 +178,10 @@ __all__ = [
   "check_gradients",
   "config",
   "contrib",
+  "current_hyper_params",
   "derive_optax_logical_axes",
   "ema",
+  "ema_params",
   "from_state_dict",
   "fromage",
   "grouped",

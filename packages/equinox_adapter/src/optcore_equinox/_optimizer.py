@@ -87,7 +87,7 @@ class Optimizer(eqx.Module):
       >>> [round(float(hyper_params[k]), 6) for k in ('learning_rate', 'weight_decay')]
       [0.01, 0.1]
     """
-    return self.optimizer_def.current_hyper_params(self.state)
+    return optcore.current_hyper_params(self)
 
   def ema_params(self, model: PyTree) -> PyTree:
     """``model`` with each optimised leaf replaced by its moving average, as an
@@ -105,9 +105,7 @@ class Optimizer(eqx.Module):
       >>> bool(jnp.allclose(averaged.bias, 0.9 * model.bias + 0.1 * new_model.bias))
       True
     """
-    params, static = eqx.partition(model, self.wrt)
-    average = adapter.fill_unaveraged(self.optimizer_def.ema_params(self.state), params)
-    return eqx.combine(average, static)
+    return optcore.ema_params(self, model)
 
   def update(
     self, grads: PyTree, model: PyTree, *, extra_args: Mapping[str, Any] | None = None, **overrides

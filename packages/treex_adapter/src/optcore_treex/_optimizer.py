@@ -103,7 +103,7 @@ class Optimizer(to.Tree):
       {'learning_rate': Array(0.5, dtype=float32)}
     """
     self._check_initialized()
-    return self.optimizer_def.current_hyper_params(self.state)
+    return optcore.current_hyper_params(self)
 
   @property
   def ema_params(self) -> PyTree:
@@ -121,7 +121,7 @@ class Optimizer(to.Tree):
       >>> params['w'], optimizer.ema_params['w']
       (Array([-1.], dtype=float32), Array([-0.5], dtype=float32))
     """
-    return self.optimizer_def.ema_params(self.state)
+    return optcore.ema_params(self)
 
   def init(self, params: PyTree) -> Optimizer:
     """A new optimizer initialised for ``params``; this one is not changed.

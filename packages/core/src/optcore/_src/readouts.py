@@ -1,0 +1,150 @@
+"""Read-outs: what an optimizer's state says, as functions of any face's optimizer.
+
+`ema_params` and `current_hyper_params` take a core or Flax `Optimizer`, a
+`GroupedOptimizer`, an ``optcore_equinox.Optimizer``, an ``optcore_treex.Optimizer``
+(anything holding an ``optimizer_def`` and its ``state``), or a bare state with the
+definition it belongs to: an `OptimizerState`, the ``opt_state`` of ``as_optax()`` (a
+TrainState's, an ``nnx.Optimizer``'s, its nnx Variables unboxed). Each face's accessor
+(``opt.ema_params``, ``opt.current_hyper_params()``) is a thin alias of these.
+
+The definition finds its own state by its type, under any wrapper and in any
+`MultiOptimizer` group: `Ema`'s average is read where `Ema` keeps it, a schedule is
+evaluated at the count of the definition that owns it, never the first ``count`` found.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+from optcore._src import paths
+from optcore._src.base import OptimizerDef
+from optcore._src.optimizer import OptimizerState, fill_unaveraged
+
+PyTree = Any
+
+
+def _source(source: Any, optimizer_def: OptimizerDef | None, name: str) -> tuple[Any, Any, Any]:
+  """``(definition, state, held parameters or None)`` of a read-out's argument."""
+  held_def = getattr(source, "optimizer_def", None)
+  if isinstance(held_def, OptimizerDef) and hasattr(source, "state"):
+    if optimizer_def is not None and optimizer_def != held_def:
+      raise TypeError(
+        f"optcore.{name}: the optimizer holds {held_def!r}, and optimizer_def={optimizer_def!r} "
+        "names another. Pass the optimizer alone: it knows its definition."
+      )
+    # The core, Flax and grouped optimizers hold their target; Equinox's and Treex's do not.
+    return held_def, source.state, getattr(source, "target", None)
+  if optimizer_def is None:
+    found = type(source).__name__
+    raise TypeError(
+      f"optcore.{name}: expected an optimizer of an optcore face (optcore.Optimizer, "
+      f"optcore_flax's, optcore_equinox.Optimizer, optcore_treex.Optimizer), or a state with "
+      f"its definition; found a {found} and no definition. For a state (opt.state, the "
+      f"opt_state of as_optax()), pass the definition that made it: "
+      f"optcore.{name}(opt_state, optimizer_def=opt_def)."
+    )
+  if not isinstance(optimizer_def, OptimizerDef):
+    raise TypeError(
+      f"optcore.{name}: optimizer_def must be the optcore definition the state belongs to "
+      f"(optcore.ema(optcore.adam(1e-3))); found {optimizer_def!r}"
+    )
+  return optimizer_def, paths.unbox(source), None
+
+
+def ema_params(
+  optimizer: Any, params: PyTree | None = None, *, optimizer_def: OptimizerDef | None = None
+) -> PyTree:
+  """The moving average of the parameters that an `optcore.ema` keeps, wherever it is kept.
+
+  The `Ema` wrapper may be the definition itself, under another wrapper
+  (``accumulate(ema(...))``, ``mixed_precision(ema(...))``) or around one
+  `MultiOptimizer` group's definition; the average comes back in the
+  parameters' structure, with the parameters themselves where no group
+  averages (``params``, or the target of an optimizer that holds it; None
+  there otherwise), on the device the parameters are on (an average kept in
+  host memory by ``state_memory_kind`` is brought back).
+
+  Args:
+    optimizer: an optimizer of any face (core, Flax, `GroupedOptimizer`,
+      Equinox, Treex), or a state (``opt.state``, the ``opt_state`` of
+      ``as_optax()``) with ``optimizer_def``.
+    params: the parameters to fill the unaveraged leaves from (an Equinox
+      model gives the model back with its averaged leaves); None: the
+      optimizer's own target where it holds one.
+    optimizer_def: the definition a bare state belongs to.
+
+  Returns:
+    The average in the parameters' structure.
+
+  Raises:
+    TypeError: no definition keeps an average (the message says how to keep
+      one), ``optimizer`` is neither an optimizer nor a state with its
+      definition, or ``optimizer_def`` is not the optimizer's.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> import optcore
+    >>> opt_def = optcore.accumulate(optcore.ema(optcore.sgd(1.0), decay=0.5), every=1)
+    >>> opt = opt_def.create({'w': jnp.zeros(1)}).apply_gradient({'w': jnp.ones(1)})
+    >>> optcore.ema_params(opt)['w']
+    Array([-0.5], dtype=float32)
+    >>> tx = opt_def.as_optax()  # the state of an optax loop, with its definition
+    >>> optcore.ema_params(tx.init({'w': jnp.ones(1)}), optimizer_def=opt_def)['w']
+    Array([1.], dtype=float32)
+  """
+  opt_def, state, held = _source(optimizer, optimizer_def, "ema_params")
+  average = opt_def.ema_params(_as_state(opt_def, state))
+  params = held if params is None else params
+  return average if params is None else fill_unaveraged(average, params)
+
+
+def current_hyper_params(
+  optimizer: Any, *, optimizer_def: OptimizerDef | None = None
+) -> dict[str, jax.Array]:
+  """The hyper-parameters the next step takes unless overridden, for logging.
+
+  A flat dict of scalar arrays: schedules evaluated at the step of the
+  definition that owns them (under `accumulate`, the applied updates; in an
+  optax chain, the count of the schedule's own ``scale_by_schedule``), numbers
+  as they are, flags and other static settings left out; a `MultiOptimizer`'s
+  per group (``'0/learning_rate'``). Traceable: inside ``jit`` a schedule's
+  value changes with the step without a recompile.
+
+  Args:
+    optimizer: an optimizer of any face, or a state (``opt.state``, the
+      ``opt_state`` of ``as_optax()``) with ``optimizer_def``.
+    optimizer_def: the definition a bare state belongs to.
+
+  Returns:
+    ``{name: scalar array}``: ``'learning_rate'``, ``'0/learning_rate'`` per group, ...
+
+  Raises:
+    TypeError: ``optimizer`` is neither an optimizer nor a state with its
+      definition, or a state with schedules holds no step count.
+
+  Example:
+    >>> import jax.numpy as jnp, optax
+    >>> import optcore
+    >>> opt_def = optcore.sgd(optax.exponential_decay(1.0, 1, 0.5))
+    >>> opt = opt_def.create({'w': jnp.ones(1)}).apply_gradient({'w': jnp.ones(1)})
+    >>> optcore.current_hyper_params(opt)
+    {'learning_rate': Array(0.5, dtype=float32)}
+    >>> tx = opt_def.as_optax()
+    >>> optcore.current_hyper_params(tx.init({'w': jnp.ones(1)}), optimizer_def=opt_def)
+    {'learning_rate': Array(1., dtype=float32)}
+  """
+  opt_def, state, _ = _source(optimizer, optimizer_def, "current_hyper_params")
+  return opt_def.current_hyper_params(state)
+
+
+def _as_state(opt_def: OptimizerDef, state: Any) -> Any:
+  """An `OptimizerState` as it is; the raw optax state a wrapped optax definition's
+  ``as_optax()`` keeps is refused for an average (optax's own state keeps none)."""
+  if isinstance(state, OptimizerState) or not opt_def.keeps_ema():
+    return state
+  raise TypeError(
+    f"optcore.ema_params: expected the OptimizerState of {opt_def.display_name()} (opt.state, "
+    f"or the opt_state of its as_optax()), found a {type(state).__name__}"
+  )
