@@ -103,15 +103,52 @@ def test_a_64_bit_dtype_with_x64_off_is_refused_at_construction(make):
 
 def test_every_wrapper_is_in_the_composition_table():
   """A new wrapper joins the composition matrix (every face, every pair, the mesh) by one line
-  in tests/support/composition.py; this test fails until it has that line and a state type
-  listed among WRAPPER_STATES (development page, "A new definition wrapper")."""
+  in tests/support/composition.py; this test fails until it has that line and, for a wrapper
+  with state, a NamedTuple state_type with inner first (development page, "A new definition
+  wrapper")."""
   from composition import WRAPPERS as TABLE
 
-  from optcore._src import wrappers
+  from optcore._src import wrapper
 
-  classes = wrappers._Wrapper.__subclasses__()
-  assert {cls.name for cls in classes} == set(TABLE)
+  state_wrappers = {
+    n: c for n, c in wrapper.WRAPPERS.items() if issubclass(c, wrapper.StateWrapper)
+  }
+  assert set(state_wrappers) == set(TABLE)
+  assert set(wrapper.WRAPPERS) == {*TABLE, "grouped"}  # grouped: tests/core/test_grouped.py
   for name, make in TABLE.items():
     state = make(optcore.adam(1e-2)).init_state({"w": jnp.ones(2)}).param_states
-    assert isinstance(state, wrappers.WRAPPER_STATES), name
+    assert type(state) is state_wrappers[name].state_type, name
+    assert isinstance(state, wrapper.wrapper_states()), name
     assert state._fields[0] == "inner", name
+
+
+@pytest.mark.parametrize("name", ["accumulate", "mixed_precision", "ema", "grouped"])
+def test_every_wrapper_writes_and_reads_its_config_from_its_own_table(name):
+  """to_config/from_config read a wrapper's config_arguments: no per-wrapper branch to forget.
+  Each argument set away from its default is written, and read back into an equal definition."""
+  from optcore._src import wrapper
+
+  cls = wrapper.WRAPPERS[name]
+  chosen = {
+    "accumulate": {"every": 3, "dtype": "bfloat16"},
+    "mixed_precision": {"state_dtype": "bfloat16", "master_dtype": "float32"},
+    "ema": {"decay": 0.5, "debias": True, "dtype": "float32"},
+    "grouped": {"max_leaf_size": 7, "max_buffer_size": 11},
+  }[name]
+  assert set(chosen) == set(cls.config_arguments)
+  config = {"name": name, **chosen, "optimizer": {"name": "adam", "learning_rate": 0.01}}
+  opt_def = optcore.config.from_config(config)
+  assert type(opt_def) is cls
+  assert optcore.config.to_config(opt_def) == config
+  with pytest.raises(optcore.config.ConfigError, match=rf"{name!r} takes"):
+    optcore.config.from_config({**config, "unknown": 1})
+
+
+def test_a_flag_the_wrapper_does_not_name_is_inherited_by_grouped_too():
+  """grouped copied four flags by hand (per_example_gradients and elementwise were missed); it is
+  a protocol wrapper now, and changes groups_parameters only."""
+  inner = legacy.Momentum(0.1)
+  opt_def = optcore.grouped(inner)
+  for flag in optcore.OptimizerDef.FLAGS:
+    want = True if flag == "groups_parameters" else getattr(inner, flag)
+    assert getattr(opt_def, flag) == want, flag

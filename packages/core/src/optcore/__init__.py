@@ -29,16 +29,25 @@ from optcore import legacy as legacy
 from optcore import partitioning as partitioning
 from optcore import t5x as t5x
 from optcore._src import optax_rules as _optax_rules  # noqa: F401  (registers optax state rules)
+from optcore._src.accumulate import Accumulate as Accumulate
+from optcore._src.accumulate import AccumulateState as AccumulateState
+from optcore._src.accumulate import accumulate as accumulate
 from optcore._src.base import OptimizerDef as OptimizerDef
 from optcore._src.checks import MissingHyperParameterError as MissingHyperParameterError
 from optcore._src.checks import TreeMismatchError as TreeMismatchError
 from optcore._src.checks import check_gradients as check_gradients
+from optcore._src.ema import Ema as Ema
+from optcore._src.ema import EmaState as EmaState
+from optcore._src.ema import ema as ema
 from optcore._src.grouped import Grouped as Grouped
 from optcore._src.grouped import GroupedOptimizer as GroupedOptimizer
 from optcore._src.grouped import UngroupableError as UngroupableError
 from optcore._src.grouped import grouped as grouped
 from optcore._src.grouped_layout import GroupedParams as GroupedParams
 from optcore._src.hyper_params import HyperParams as HyperParams
+from optcore._src.mixed_precision import MixedPrecision as MixedPrecision
+from optcore._src.mixed_precision import MixedPrecisionState as MixedPrecisionState
+from optcore._src.mixed_precision import mixed_precision as mixed_precision
 from optcore._src.multi_optimizer import MultiOptimizer as MultiOptimizer
 from optcore._src.optax_aliases import OPTAX_ALIASES as OPTAX_ALIASES
 from optcore._src.optax_aliases import adabelief as adabelief
@@ -99,15 +108,6 @@ from optcore._src.traversal import SelectorError as SelectorError
 from optcore._src.traversal import leaves_with_paths as leaves_with_paths
 from optcore._src.traversal import register_selector_type as register_selector_type
 from optcore._src.traversal import selector_mask as selector_mask
-from optcore._src.wrappers import Accumulate as Accumulate
-from optcore._src.wrappers import AccumulateState as AccumulateState
-from optcore._src.wrappers import Ema as Ema
-from optcore._src.wrappers import EmaState as EmaState
-from optcore._src.wrappers import MixedPrecision as MixedPrecision
-from optcore._src.wrappers import MixedPrecisionState as MixedPrecisionState
-from optcore._src.wrappers import accumulate as accumulate
-from optcore._src.wrappers import ema as ema
-from optcore._src.wrappers import mixed_precision as mixed_precision
 from optcore.contrib import CONTRIB_OPTIMIZERS as _CONTRIB_OPTIMIZERS
 
 try:

@@ -16,15 +16,16 @@ import numpy as np
 import optax
 
 from optcore import contrib, legacy
-from optcore._src import optax_aliases
+
+# Each wrapper module registers its wrapper by name in WRAPPERS (the config's table).
+from optcore._src import accumulate, ema, grouped, mixed_precision, optax_aliases  # noqa: F401
 from optcore._src.adafactor import Adafactor as _T5XAdafactor
 from optcore._src.base import OptimizerDef
 from optcore._src.factoring import FactorDim
-from optcore._src.grouped import Grouped
 from optcore._src.hyper_params import static_key
 from optcore._src.multi_optimizer import MultiOptimizer
 from optcore._src.optax_wrapper import OptaxWrapper, chain
-from optcore._src.wrappers import Accumulate, Ema, MixedPrecision
+from optcore._src.wrapper import REQUIRED, WRAPPERS, Wrapper
 
 
 class ConfigError(ValueError):
@@ -134,9 +135,7 @@ def from_config(config: Mapping[str, Any], *, _path: str = "") -> OptimizerDef:
     return _multi(args, _path)
   if name == "chain":
     return _chain(args, _path)
-  if name == "grouped":
-    return _grouped(args, _path)
-  if name in _WRAPPERS:
+  if name in WRAPPERS:
     return _wrapper(name, args, _path)
   factory = _factory(name, _join(_path, "name"))
   _check_arguments(name, factory, args, _path)
@@ -177,28 +176,9 @@ def to_config(opt_def: OptimizerDef) -> dict[str, Any]:
         raise ConfigError(f"group {i}: only regex selectors can be written to a config")
       groups.append({"select": selector, "optimizer": to_config(sub)})
     return {"name": "multi", "groups": groups}
-  if isinstance(opt_def, Grouped):
+  if isinstance(opt_def, Wrapper):  # accumulate, mixed_precision, ema, grouped, ...
     inner = to_config(opt_def.optimizer_def)
-    sizes = {"max_leaf_size": opt_def.max_leaf_size, "max_buffer_size": opt_def.max_buffer_size}
-    return {"name": "grouped", **sizes, "optimizer": inner}
-  if isinstance(opt_def, Accumulate):
-    dtype = {} if opt_def.dtype == jnp.float32 else {"dtype": jnp.dtype(opt_def.dtype).name}
-    inner = to_config(opt_def.optimizer_def)
-    return {"name": "accumulate", "every": opt_def.every, **dtype, "optimizer": inner}
-  if isinstance(opt_def, MixedPrecision):
-    dtypes = {
-      k: jnp.dtype(getattr(opt_def, k)).name
-      for k in ("state_dtype", "master_dtype")
-      if getattr(opt_def, k) is not None
-    }
-    return {"name": "mixed_precision", **dtypes, "optimizer": to_config(opt_def.optimizer_def)}
-  if isinstance(opt_def, Ema):
-    args = {"decay": opt_def.decay}
-    if opt_def.debias:
-      args["debias"] = True
-    if opt_def.dtype is not None:
-      args["dtype"] = jnp.dtype(opt_def.dtype).name
-    return {"name": "ema", **args, "optimizer": to_config(opt_def.optimizer_def)}
+    return {"name": opt_def.name, **opt_def.config(), "optimizer": inner}
   if isinstance(opt_def, OptaxWrapper):
     if opt_def.factory is None:
       raise ConfigError(f"{opt_def!r} wraps a ready optax transformation: it has no config")
@@ -422,39 +402,19 @@ def _multi(args: Mapping[str, Any], path: str) -> MultiOptimizer:
   return MultiOptimizer(*pairs)
 
 
-def _grouped(args: Mapping[str, Any], path: str) -> Grouped:
-  sizes = {"max_leaf_size", "max_buffer_size"}
-  if "optimizer" not in args or not set(args) <= {"optimizer", *sizes}:
-    raise ConfigError(
-      f"at {path or 'config'!r}: 'grouped' takes {{'optimizer': config, 'max_leaf_size': int, "
-      f"'max_buffer_size': int}} (the sizes optional), found the keys {sorted(args)}"
-    )
-  inner = from_config(args["optimizer"], _path=_join(path, "optimizer"))
-  try:
-    return Grouped(inner, **{k: v for k, v in args.items() if k in sizes})
-  except (TypeError, ValueError) as e:
-    raise ConfigError(f"at {path or 'config'!r}: grouped: {e}") from None
-
-
-# name -> (required keys, optional keys, factory): the definition wrappers.
-_WRAPPERS: dict[str, tuple[set[str], set[str], Any]] = {
-  "accumulate": ({"every"}, {"dtype"}, Accumulate),
-  "mixed_precision": (set(), {"state_dtype", "master_dtype"}, MixedPrecision),
-  "ema": (set(), {"decay", "debias", "dtype"}, Ema),
-}
-
-
 def _wrapper(name: str, args: Mapping[str, Any], path: str) -> OptimizerDef:
-  required, optional, factory = _WRAPPERS[name]
-  if "optimizer" not in args or not required <= set(args) <= {"optimizer", *required, *optional}:
-    keys = ", ".join(f"{k!r}" for k in sorted(required | optional))
+  """A wrapper from its config: ``optimizer`` and the arguments its ``config_arguments`` name."""
+  cls = WRAPPERS[name]
+  required = {k for k, v in cls.config_arguments.items() if v is REQUIRED}
+  if "optimizer" not in args or not required <= set(args) <= {"optimizer", *cls.config_arguments}:
+    keys = ", ".join(f"{k!r}" for k in sorted(cls.config_arguments))
     raise ConfigError(
       f"at {path or 'config'!r}: {name!r} takes {{'optimizer': config, {keys}}} (required: "
       f"{sorted({'optimizer', *required})}), found the keys {sorted(args)}"
     )
   inner = from_config(args["optimizer"], _path=_join(path, "optimizer"))
   try:
-    return factory(inner, **{k: v for k, v in args.items() if k != "optimizer"})
+    return cls(inner, **{k: v for k, v in args.items() if k != "optimizer"})
   except (TypeError, ValueError) as e:
     raise ConfigError(f"at {path or 'config'!r}: {name}: {e}") from None
 

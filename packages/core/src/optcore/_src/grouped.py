@@ -20,7 +20,8 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Generic, TypeVar
+from types import MappingProxyType
+from typing import Any, ClassVar, Generic, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -42,6 +43,7 @@ from optcore._src.hyper_params import HyperParams
 from optcore._src.multi_optimizer import MultiOptimizer
 from optcore._src.optimizer import Optimizer, OptimizerState, Pins, keep_shardings
 from optcore._src.step import apply_step
+from optcore._src.wrapper import Wrapper
 
 PyTree = Any
 T = TypeVar("T")
@@ -54,8 +56,12 @@ class UngroupableError(TypeError):
 UngroupableError.__module__ = "optcore"
 
 
-class Grouped(OptimizerDef):
+class Grouped(Wrapper):
   """``optimizer_def`` with its small parameters and their state grouped: see `grouped`."""
+
+  name = "grouped"
+  changes: ClassVar = MappingProxyType({"groups_parameters": True})
+  config_arguments: ClassVar = MappingProxyType({"max_leaf_size": 65536, "max_buffer_size": 262144})
 
   def __init__(
     self,
@@ -63,11 +69,7 @@ class Grouped(OptimizerDef):
     max_leaf_size: int = 65536,
     max_buffer_size: int = 262144,
   ):
-    if not isinstance(optimizer_def, OptimizerDef):
-      raise TypeError(
-        f"grouped takes an optimizer definition (optcore.adam(1e-3), optcore.legacy.Adam(...)); "
-        f"got {optimizer_def!r}"
-      )
+    super().__init__(optimizer_def)
     if optimizer_def.groups_parameters:
       raise TypeError(f"{optimizer_def!r} is grouped already; group it once")
     for name, value, meaning in (
@@ -84,16 +86,8 @@ class Grouped(OptimizerDef):
         "definition ungrouped, or group an element-wise one (sgd, adam, adamw, lion, "
         "rmsprop, ..., and flax.optim's but LAMB, LARS and WeightNorm)."
       )
-    super().__init__(HyperParams())
-    self.hyper_params = optimizer_def.hyper_params  # a MultiOptimizer's is a list
-    self.groups_parameters = True
-    self.optimizer_def = optimizer_def
     self.max_leaf_size = max_leaf_size
     self.max_buffer_size = max_buffer_size
-    self.per_parameter_state = optimizer_def.per_parameter_state
-    self.legacy_state_dicts = optimizer_def.legacy_state_dicts
-    self.constructor_only = optimizer_def.constructor_only
-    self.none_means_off = optimizer_def.none_means_off
 
   # What is grouped.
 
@@ -199,15 +193,6 @@ class Grouped(OptimizerDef):
   def why_not_elementwise(self) -> str | None:
     return "it is grouped already"
 
-  def display_name(self) -> str:
-    return f"grouped({self.optimizer_def.display_name()})"
-
-  def overridable_names(self) -> frozenset[str]:
-    return self.optimizer_def.overridable_names()
-
-  def update_hyper_params(self, **hyper_param_overrides: Any) -> Any:
-    return self.optimizer_def.update_hyper_params(**hyper_param_overrides)
-
   def as_optax(self) -> Any:
     raise TypeError(
       f"{self.display_name()} keeps its parameters grouped, which an optax transformation "
@@ -277,9 +262,6 @@ class Grouped(OptimizerDef):
     return shardings
 
   # create_sharded is OptimizerDef's: it calls this definition's create and derive_shardings.
-
-  def _static_key(self) -> tuple:
-    return (type(self), self.optimizer_def, self.max_leaf_size, self.max_buffer_size)
 
   def __repr__(self) -> str:
     return (

@@ -1,0 +1,224 @@
+"""The wrapper protocol: a definition that wraps another says, in one place, what it changes.
+
+A wrapper (`accumulate`, `mixed_precision`, `ema`, `grouped`, and each one to
+come) is a subclass of `Wrapper` that declares:
+
+- ``name``: the name its function, its config and its errors use;
+- ``changes``: the flags of `OptimizerDef.FLAGS` it sets itself. Every other
+  flag is the wrapped definition's, by construction: a new flag on
+  `OptimizerDef` reaches every wrapper without a line in it;
+- ``config_arguments``: its constructor's arguments after the wrapped
+  definition, with their defaults (`REQUIRED` for none). `optcore.config`
+  writes and reads every wrapper from this table, and its static key (what
+  ``==`` and ``jit``'s cache compare) is made of them;
+- for a wrapper with state of its own (`StateWrapper`): ``state_type``, a
+  NamedTuple whose first field ``inner`` holds the wrapped definition's state
+  whole (as optax's wrappers do) and whose other fields the wrapper owns, and
+  ``derive_param_states_axes``, how those fields' logical axes follow the
+  parameters'.
+
+Hyper-parameters and their overrides, the display name, the logical axes a
+definition is told (`with_param_logical_axes`), the moving average
+(`ema_params`) and the checks of restored values (`check_state_values`) pass
+through to the wrapped definition unless a wrapper says otherwise.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+
+from optcore._src.base import OptimizerDef
+from optcore._src.hyper_params import HyperParams
+from optcore._src.optimizer import OptimizerState
+
+PyTree = Any
+
+
+class _Required:
+  def __repr__(self) -> str:
+    return "REQUIRED"
+
+
+#: A config argument with no default.
+REQUIRED: Any = _Required()
+
+#: The wrappers by name (what `optcore.config` reads), filled as each wrapper class is defined.
+WRAPPERS: dict[str, type[Wrapper]] = {}
+
+_STATE_TYPES: list[type] = []
+
+
+def wrapper_states() -> tuple[type, ...]:
+  """The state types of every `StateWrapper`: ``inner`` first, then the wrapper's own fields."""
+  return tuple(_STATE_TYPES)
+
+
+class Wrapper(OptimizerDef):
+  """A definition around another: see the module's docstring for what a subclass declares."""
+
+  name: ClassVar[str] = ""
+  #: The flags (`OptimizerDef.FLAGS`) this wrapper sets itself; every other one is the wrapped
+  #: definition's.
+  changes: ClassVar[Mapping[str, Any]] = MappingProxyType({})
+  #: The constructor's arguments after the wrapped definition, and their defaults.
+  config_arguments: ClassVar[Mapping[str, Any]] = MappingProxyType({})
+
+  def __init_subclass__(cls, **kwargs: Any) -> None:
+    super().__init_subclass__(**kwargs)
+    if cls.name:
+      WRAPPERS[cls.name] = cls
+
+  def __init__(self, optimizer_def: OptimizerDef):
+    if not isinstance(optimizer_def, OptimizerDef):
+      raise TypeError(
+        f"{self.name} takes an optimizer definition (optcore.adam(1e-3), "
+        f"optcore.legacy.Adam(...)); got {optimizer_def!r}. For an optax transformation, "
+        f"wrap it first: optcore.OptaxWrapper(tx)"
+      )
+    super().__init__(HyperParams())
+    self.hyper_params = optimizer_def.hyper_params  # a MultiOptimizer's is a list
+    self.optimizer_def = optimizer_def
+    for flag in OptimizerDef.FLAGS:
+      setattr(self, flag, self.changes.get(flag, getattr(optimizer_def, flag)))
+
+  def config(self) -> dict[str, Any]:
+    """The config arguments that differ from their defaults (every required one), dtypes by
+    name: what `optcore.config.to_config` writes beside ``name`` and ``optimizer``."""
+    written = {}
+    for argument, default in self.config_arguments.items():
+      value = getattr(self, argument)
+      if default is REQUIRED or value != default:
+        written[argument] = jnp.dtype(value).name if isinstance(value, type) else value
+    return written
+
+  def display_name(self) -> str:
+    return f"{self.name}({self.optimizer_def.display_name()})"
+
+  def overridable_names(self) -> frozenset[str]:
+    return self.optimizer_def.overridable_names()
+
+  def update_hyper_params(self, **hyper_param_overrides: Any) -> Any:
+    return self.optimizer_def.update_hyper_params(**hyper_param_overrides)
+
+  def with_param_logical_axes(self, param_logical_axes: PyTree) -> OptimizerDef:
+    inner = self.optimizer_def.with_param_logical_axes(param_logical_axes)
+    if inner is self.optimizer_def:
+      return self
+    bound = copy.copy(self)  # a new definition: this one is never changed
+    for cached in [k for k in bound.__dict__ if k.endswith("_cache")]:
+      del bound.__dict__[cached]
+    bound.optimizer_def = inner
+    bound.hyper_params = inner.hyper_params
+    return bound
+
+  def _static_key(self) -> tuple:
+    return (type(self), self.optimizer_def, *(getattr(self, a) for a in self.config_arguments))
+
+
+class StateWrapper(Wrapper):
+  """A `Wrapper` with state of its own: a ``state_type`` NamedTuple around the wrapped
+  definition's state (``inner``), never per parameter and never grouped (its own state
+  follows the parameters' layout). Wrapping the same kind twice anywhere inside is refused."""
+
+  changes: ClassVar[Mapping[str, Any]] = MappingProxyType(
+    {"per_parameter_state": False, "elementwise": False}
+  )
+  #: The NamedTuple of this wrapper's state; its first field is ``inner``.
+  state_type: ClassVar[type]
+
+  def __init_subclass__(cls, **kwargs: Any) -> None:
+    super().__init_subclass__(**kwargs)
+    state_type = cls.__dict__.get("state_type")
+    if state_type is not None:
+      if getattr(state_type, "_fields", ("",))[0] != "inner":
+        raise TypeError(f"{cls.__name__}.state_type: a NamedTuple whose first field is inner")
+      _STATE_TYPES.append(state_type)
+
+  def __init__(self, optimizer_def: OptimizerDef):
+    if isinstance(optimizer_def, OptimizerDef) and optimizer_def.groups_parameters:
+      raise TypeError(
+        f"{self.name}({optimizer_def.display_name()}) is not possible: grouped keeps the "
+        f"parameters in buffers of its own layout, and {self.name}'s state follows the "
+        f"parameters' layout. Wrap the ungrouped definition: "
+        f"{self.name}({getattr(optimizer_def, 'optimizer_def', optimizer_def)!r}, ...)."
+      )
+    if isinstance(optimizer_def, OptimizerDef) and any(
+      isinstance(d, type(self)) for d in wrapped_chain(optimizer_def)
+    ):
+      raise TypeError(
+        f"{self.name}({optimizer_def.display_name()}) wraps {self.name} twice; {self._twice_hint()}"
+      )
+    super().__init__(optimizer_def)
+
+  def _twice_hint(self) -> str:
+    return "wrap it once"
+
+  def why_not_elementwise(self) -> str | None:
+    return f"{self.display_name()} keeps its own parameter-shaped state: it is not grouped"
+
+  def _inner_state(self, state: OptimizerState) -> OptimizerState:
+    return OptimizerState(state.step, state.param_states.inner)
+
+  def ema_params(self, state: OptimizerState) -> PyTree:
+    return self.optimizer_def.ema_params(self._inner_state(state))
+
+  def keeps_ema(self) -> bool:
+    return self.optimizer_def.keeps_ema()
+
+  def check_state_values(self, state: OptimizerState) -> None:
+    self.optimizer_def.check_state_values(self._inner_state(state))
+
+
+def wrapped_chain(optimizer_def: OptimizerDef) -> list[OptimizerDef]:
+  """``optimizer_def`` and every definition it wraps, however deep (``ema(accumulate(ema(
+  ...)))`` has two EMAs), the groups of a MultiOptimizer included."""
+  chain, todo = [], [optimizer_def]
+  while todo:
+    current = todo.pop()
+    chain.append(current)
+    if isinstance(current, Wrapper):
+      todo.append(current.optimizer_def)
+    todo.extend(getattr(current, "sub_optimizers", ()))
+  return chain
+
+
+def map_optimizer_leaves(fn: Any, tree: PyTree, *rest: PyTree) -> PyTree:
+  """``fn`` over the leaves of ``tree`` (and the same leaves of ``rest``) that an algorithm
+  keeps, leaving a wrapper's own fields as they are: `mixed_precision`'s ``state_dtype`` is the
+  moments' dtype, never an `accumulate` mean's or an `ema` average's (a bfloat16 average of
+  decay 0.999 never moved)."""
+  states = wrapper_states()
+
+  def visit(node: Any, *others: Any) -> Any:
+    if isinstance(node, states):
+      return node._replace(inner=map_optimizer_leaves(fn, node.inner, *(o.inner for o in others)))
+    return fn(node, *others)
+
+  return jax.tree.map(visit, tree, *rest, is_leaf=lambda n: isinstance(n, states))
+
+
+def floating_dtype(where: str, name: str, dtype: Any) -> Any:
+  """``dtype`` as a real floating scalar type; TypeError naming ``where`` and ``name`` for any
+  other, and for a 64-bit one while JAX's 64-bit mode is off (it would be float32, silently)."""
+  try:
+    resolved = jnp.dtype(dtype)
+  except TypeError:
+    resolved = None
+  if resolved is None or not jnp.issubdtype(resolved, jnp.floating):
+    raise TypeError(
+      f"{where}: {name} must be a real floating dtype (jnp.float32, jnp.bfloat16, ...); "
+      f"got {name}={dtype!r}"
+    )
+  if resolved.itemsize == 8 and not jax.config.jax_enable_x64:
+    raise TypeError(
+      f"{where}: {name}={resolved.name} needs 64-bit JAX, which is off: every array would be "
+      f"made float32 instead, silently. Turn it on first (jax.config.update('jax_enable_x64', "
+      f"True)), or pass {name}=jnp.float32."
+    )
+  return resolved.type
