@@ -274,7 +274,7 @@ def test_t5x_factor_rules_on_attention_and_scanned_params(name):
   params = make_params(T5X_SHAPES)
   grads = make_grads(params)
   opt_def = Adafactor(learning_rate=1.0, **hp)
-  opt_def.set_param_axes(T5X_AXES)
+  opt_def = opt_def.with_param_axes(T5X_AXES)
   opt = run_ours(opt_def, params, grads)
   state = opt.state.param_states
   assert state["attention"].v_row.shape == (6,) and state["attention"].v_col.shape == (2, 4)
@@ -289,7 +289,7 @@ def test_t5x_factor_rules_on_attention_and_scanned_params(name):
 def test_t5x_derive_logical_axes_keeps_the_axes_that_survive_factoring():
   params = make_params(T5X_SHAPES)
   opt_def = Adafactor(1e-2, beta1=0.9)
-  opt_def.set_param_axes(T5X_AXES)
+  opt_def = opt_def.with_param_axes(T5X_AXES)
   axes = opt_def.derive_logical_axes(opt_def.create(params), T5X_AXES).state.param_states
   assert (axes["attention"].v_row, axes["attention"].v_col) == (P("embed"), P("heads", "kv"))
   assert (axes["scanned"].v_row, axes["scanned"].v_col) == (
@@ -303,13 +303,12 @@ def test_t5x_derive_logical_axes_keeps_the_axes_that_survive_factoring():
 def test_invalid_factor_rules_raise_clear_errors():
   opt_def = Adafactor(1e-2)
   with pytest.raises(ValueError, match=r"'w'.*ROW, COLUMN and NONE"):
-    opt_def.set_param_axes({"w": P("embed", "mlp", "relpos_buckets")})
+    opt_def.with_param_axes({"w": P("embed", "mlp", "relpos_buckets")})
   with pytest.raises(KeyError, match=r"\['spatial'\].*'w'.*logical_factor_rules"):
-    opt_def.set_param_axes({"w": P("embed", "spatial")})
+    opt_def.with_param_axes({"w": P("embed", "spatial")})
   # T5X maps its rules over the axes tree: a parameter without axes gets no rule, and its
   # lookup fails at create, naming it.
-  no_axes = Adafactor(1e-2)
-  no_axes.set_param_axes({"w": None, "v": P("embed", "mlp")})
+  no_axes = Adafactor(1e-2).with_param_axes({"w": None, "v": P("embed", "mlp")})
   with pytest.raises(KeyError, match="'w'"):
     no_axes.create({"w": jnp.ones((2, 3)), "v": jnp.ones((2, 3))})
   explicit = Adafactor(1e-2, factor_map=HParamMap([(r".*", optcore.t5x.HEURISTIC_RULE)]))
@@ -329,7 +328,7 @@ def test_invalid_factor_rules_raise_clear_errors():
 
 def test_custom_logical_rules_and_missing_column_keep_batch_unfactored():
   opt_def = Adafactor(1e-2, logical_factor_rules={"spatial": "none"})
-  opt_def.set_param_axes({"w": P("layers", "embed", "spatial")})  # BATCH, ROW, NONE
+  opt_def = opt_def.with_param_axes({"w": P("layers", "embed", "spatial")})  # BATCH, ROW, NONE
   state = opt_def.create({"w": jnp.ones((2, 3, 4))}).state.param_states["w"]
   assert state.v.shape == (2, 3, 4) and state.v_row.shape == (1,)
 

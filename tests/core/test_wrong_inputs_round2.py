@@ -314,10 +314,10 @@ def test_one_adafactor_in_two_groups_gets_each_groups_factor_rules():
   params = {"enc": {"w": jnp.ones((2, 4, 3))}, "dec": {"w": jnp.ones((2, 3, 4))}}
   axes = {"enc": {"w": P("layers", "embed", "mlp")}, "dec": {"w": P("layers", "mlp", "embed")}}
   shared = Adafactor(0.1)
-  multi = optcore.MultiOptimizer((r"enc", shared), (r"dec", shared))
-  multi.set_param_axes(axes)
+  multi = optcore.MultiOptimizer((r"enc", shared), (r"dec", shared)).with_param_axes(axes)
   separate = optcore.MultiOptimizer((r"enc", Adafactor(0.1)), (r"dec", Adafactor(0.1)))
-  separate.set_param_axes(axes)
+  separate = separate.with_param_axes(axes)
+  assert shared.hyper_params.factor_map is None  # the shared definition is not changed
   got = multi.create(params).apply_gradient(params)
   assert_trees_equal(
     got, separate.create(params).apply_gradient(params).replace(optimizer_def=multi)

@@ -45,3 +45,22 @@ class T5XFace:
     scalars_none = lambda spec: None if isinstance(spec, PartitionSpec) and not len(spec) else spec
     param_states = jax.tree.map(scalars_none, axes.state.param_states)
     return axes.replace(state=axes.state.replace(step=None, param_states=param_states))
+
+
+def set_in_place(definition: Any, told: Any) -> None:
+  """T5X's in-place ``set_param_axes`` on top of the core's immutable ``with_param_axes``:
+  ``definition`` takes ``told``'s settings; refused once it has made a state whose layout they
+  decide."""
+  if told is definition:
+    return
+  if definition.__dict__.get("_made_state"):
+    raise RuntimeError(
+      "Adafactor.set_param_axes: this definition has already made an optimizer state, and "
+      "changing its factor rules now would change the definition that optimizer holds (its "
+      "next step would not fit its state). Call set_param_axes before create, or on a new "
+      "definition: Adafactor(...) with the same arguments, or copy.copy(opt_def)."
+    )
+  for cached in [k for k in definition.__dict__ if k.endswith("_cache")]:
+    del definition.__dict__[cached]  # the definition changed
+  kept = {k: v for k, v in told.__dict__.items() if not k.endswith("_cache") and k != "_made_state"}
+  definition.__dict__.update(kept)

@@ -27,6 +27,7 @@ from optcore.t5x import factor_name_to_factordim as factor_name_to_factordim
 from optcore.t5x import standard_logical_factor_rules as standard_logical_factor_rules
 from optcore_flax._records import hyper_params_record as _record
 from optcore_flax._t5x import T5XFace as _T5XFace
+from optcore_flax._t5x import set_in_place as _set_in_place
 from optcore_flax.optim.adafactor import _AdafactorHyperParams as _flax_optim_record
 
 #: T5X's alias for a dtype argument (``dtype_momentum``).
@@ -36,11 +37,18 @@ Dtype = _Any
 class Adafactor(_T5XFace, _core_t5x.Adafactor):
   __doc__ = _core_t5x.Adafactor.__doc__
 
+  def with_param_axes(self, param_logical_axes: _Any) -> "Adafactor":
+    """`optcore.t5x.Adafactor.with_param_axes` with T5X's ``factor_map``: a plain dict from
+    each '/'-joined parameter name to its rule, as T5X's own tests read it."""
+    return self.with_factor_map(self.factor_rules(param_logical_axes))
+
   def set_param_axes(self, param_logical_axes: _Any) -> None:
-    """T5X's ``set_param_axes``: ``hyper_params.factor_map`` becomes T5X's plain
-    dict from each '/'-joined parameter name to its rule (a FactorDim per
-    dimension), as T5X's own tests read it. A rule of rank <= 2 without BATCH
-    is logged and falls back to the size heuristic when the state is made.
+    """T5X's ``set_param_axes``, in place as T5X's: ``hyper_params.factor_map`` becomes T5X's plain
+    dict from each '/'-joined parameter name to its rule (a FactorDim per dimension). A rule of
+    rank <= 2 without BATCH is logged and falls back to the size heuristic when the state is made.
+    A shim for T5X programs: the core's definitions are immutable (`with_param_axes` returns a
+    new one). After this definition has made a state it raises instead: the optimizers built on
+    it would no longer fit their own state.
 
     Example:
       >>> from jax.sharding import PartitionSpec as P
@@ -50,7 +58,11 @@ class Adafactor(_T5XFace, _core_t5x.Adafactor):
       >>> opt_def.hyper_params.factor_map
       {'dense/kernel': (<FactorDim.COLUMN: 3>, <FactorDim.ROW: 2>)}
     """
-    self.replace_factor_map(self.factor_rules(param_logical_axes))
+    _set_in_place(self, self.with_param_axes(param_logical_axes))
+
+  def init_state(self, params: _Any) -> _Any:
+    self.__dict__["_made_state"] = True  # set_param_axes may not change it any more
+    return super().init_state(params)
 
 
 # flax.optim's 11 fields, then T5X's 6 additions with their defaults.

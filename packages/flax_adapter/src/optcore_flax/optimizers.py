@@ -33,6 +33,7 @@ from optcore import Optimizer as Optimizer
 from optcore import OptimizerDef as OptimizerDef
 from optcore import OptimizerState as OptimizerState
 from optcore_flax._t5x import T5XFace as _T5XFace
+from optcore_flax._t5x import set_in_place as _set_in_place
 
 
 class OptaxWrapper(_T5XFace, _optcore.OptaxWrapper):
@@ -73,6 +74,31 @@ class MultiOptimizer(_T5XFace, _optcore.MultiOptimizer):
     >>> sorted(state.param_states)
     ['bias', 'kernel']
   """
+
+  def set_param_axes(self, param_logical_axes: _Any) -> None:
+    """T5X's hook, in place as T5X's: each group that has factor rules (T5X's Adafactor) takes
+    them from its own leaves' axes (None elsewhere); one definition in two groups becomes two.
+    A shim over the core's immutable `optcore.MultiOptimizer.with_param_axes`.
+
+    Example:
+      >>> from jax.sharding import PartitionSpec as P
+      >>> from optcore_flax import adafactor, optimizers
+      >>> opt_def = optimizers.MultiOptimizer([('w', adafactor.Adafactor(0.1))])
+      >>> opt_def.set_param_axes({'w': P('layers', 'embed', 'mlp')})
+      >>> opt_def.sub_optimizers[0].hyper_params.factor_map
+      {'w': (<FactorDim.BATCH: 1>, <FactorDim.ROW: 2>, <FactorDim.COLUMN: 3>)}
+    """
+    told = self.with_param_axes(param_logical_axes)
+    groups = []
+    for i, (old, new) in enumerate(zip(self.sub_optimizers, told.sub_optimizers, strict=True)):
+      # T5X changes each group's definition itself; one shared by an earlier group gets its own.
+      if new is not old and not any(old is g for g in self.sub_optimizers[:i]):
+        _set_in_place(old, new)
+        new = old
+      groups.append(new)
+    _set_in_place(self, told)
+    self.sub_optimizers = tuple(groups)
+    self.hyper_params = [opt.hyper_params for opt in groups]
 
 
 # T5X's transitional type names (t5x.train_state annotates with them), and its dtype alias.

@@ -6,7 +6,7 @@ COLUMN dimensions, ``v_col`` over the ROW ones), BATCH dimensions (scanned
 layers) are kept apart in every statistic, NONE dimensions are not factored.
 Without rules the roles come from the size heuristic of flax.optim and optax:
 the largest dimension is the COLUMN, the second largest the ROW. T5X adds
-rules from logical axis names (`Adafactor.set_param_axes`), per-path rules
+rules from logical axis names (`Adafactor.with_param_axes`), per-path rules
 (`HParamMap`), global-norm clipping, a bound on the parameter scale, decoupled
 weight decay scaled by a power of the learning rate, and NaN skipping.
 
@@ -70,7 +70,7 @@ class Adafactor(FactorRules, OptimizerDef):
     factor_map: an `HParamMap` from paths to a tuple of `FactorDim` per
       dimension or `HEURISTIC_RULE`.
     logical_factor_rules: updates to `standard_logical_factor_rules` for
-      `set_param_axes`.
+      `with_param_axes`.
     weight_decay_rate_lr_exponent: weight decay ``(rate or 1) * lr**exponent``.
     global_norm_clip_threshold: scale all gradients by ``min(1, thr/|g|)``.
     max_parameter_scale: upper bound of the parameter scale.
@@ -91,7 +91,7 @@ class Adafactor(FactorRules, OptimizerDef):
     >>> from optcore.t5x import Adafactor
     >>> opt_def = Adafactor(1e-2)
     >>> params = {'layers': {'kernel': jnp.ones((2, 8, 4))}}  # scanned: (layers, embed, mlp)
-    >>> opt_def.set_param_axes({'layers': {'kernel': P('layers', 'embed', 'mlp')}})
+    >>> opt_def = opt_def.with_param_axes({'layers': {'kernel': P('layers', 'embed', 'mlp')}})
     >>> state = opt_def.create(params).state.param_states['layers']['kernel']
     >>> state.v_row.shape, state.v_col.shape
     ((2, 8), (2, 4))
@@ -179,7 +179,6 @@ class Adafactor(FactorRules, OptimizerDef):
     check_float_params(params)
     keyed, treedef = jax.tree_util.tree_flatten_with_path(params)
     states = [self._init_param(t5x_path(keys), p) for keys, p in keyed]
-    self.__dict__["_made_state"] = True  # set_param_axes may not change it any more
     return OptimizerState(jnp.asarray(0, jnp.int32), treedef.unflatten(states))
 
   def _init_param(self, path: str, param: jax.Array) -> AdafactorParamState:

@@ -4,6 +4,7 @@ per path, or the parameters' logical axis names)."""
 
 from __future__ import annotations
 
+import copy
 import enum
 import logging
 import re
@@ -196,7 +197,7 @@ class FactorRules:
           f"A parameter with rank strictly higher than 2 must have an explicit factorization "
           f"rule: {path}, {shape}. Give Adafactor a factor_map rule for it (a tuple of "
           "FactorDim per dimension, e.g. (FactorDim.BATCH, FactorDim.ROW, FactorDim.COLUMN)), "
-          "call set_param_axes with its logical axes, or pass factored=False."
+          "derive the rules from its logical axes (with_param_axes), or pass factored=False."
         )
       if len(shape) < 2:
         return _Roles(len(shape))
@@ -213,22 +214,33 @@ class FactorRules:
     dims = lambda role: tuple(i for i, r in enumerate(rule) if r is role)
     return _Roles(len(shape), dims(FactorDim.BATCH), dims(FactorDim.ROW), dims(FactorDim.COLUMN))
 
-  def set_param_axes(self, param_logical_axes: PyTree) -> None:
-    """Derives ``factor_map`` from the parameters' logical axis names (T5X).
+  def with_param_axes(self, param_logical_axes: PyTree) -> Any:
+    """A new definition whose ``factor_map`` is derived from the parameters'
+    logical axis names (T5X's ``set_param_axes``, without changing this one).
 
     Each name maps to a role through ``logical_factor_rules`` (default:
     `standard_logical_factor_rules`), as `factor_rules` says; a parameter of
-    rank <= 2 without BATCH keeps the size heuristic. Changes this definition
-    in place, as T5X does: call it before `create`. After this definition
-    has made a state (``create``, ``init_state``), it raises instead: the
-    optimizers built on it would no longer fit their own state.
+    rank <= 2 without BATCH keeps the size heuristic. Definitions are
+    immutable: an optimizer made from this one keeps its own factoring. (The
+    T5X face, ``optcore_flax.adafactor``, keeps T5X's in-place
+    ``set_param_axes`` on top of this.)
+
+    Args:
+      param_logical_axes: a `PartitionSpec` of logical names per parameter
+        (None: another group's parameter, skipped).
+
+    Returns:
+      The new definition; this one where the rules do not change.
+
+    Raises:
+      KeyError: a logical name with no factor rule (named with its path).
+      ValueError: ROW, COLUMN and NONE in one parameter.
 
     Example:
       >>> import jax.numpy as jnp
       >>> from jax.sharding import PartitionSpec as P
       >>> from optcore.t5x import Adafactor
-      >>> opt_def = Adafactor(1e-2)
-      >>> opt_def.set_param_axes({'scan': P('layers', 'embed', 'mlp')})
+      >>> opt_def = Adafactor(1e-2).with_param_axes({'scan': P('layers', 'embed', 'mlp')})
       >>> opt_def.create({'scan': jnp.ones((2, 4, 3))}).state.param_states['scan'].v_row.shape
       (2, 4)
     """
@@ -237,7 +249,7 @@ class FactorRules:
       if len(rule) <= 2 and FactorDim.BATCH not in rule:
         rule = HEURISTIC_RULE
       rules.append((f"^{re.escape(path)}$", rule))
-    self.replace_factor_map(HParamMap(rules))
+    return self.with_factor_map(HParamMap(rules))
 
   def factor_rules(self, param_logical_axes: PyTree) -> dict[str, tuple[FactorDim, ...]]:
     """T5X's factor rule of each parameter from its logical axis names, by
@@ -267,13 +279,13 @@ class FactorRules:
       unknown = [n for n in names if n not in table]
       if unknown:
         raise KeyError(
-          f"Adafactor.set_param_axes: no factor rule for the logical axes {unknown} of {path!r}; "
+          f"Adafactor: no factor rule for the logical axes {unknown} of {path!r}; "
           "add them to logical_factor_rules, e.g. {'my_axis': FactorDim.COLUMN}."
         )
       rule = tuple(table[n] for n in names)
       if {FactorDim.ROW, FactorDim.COLUMN, FactorDim.NONE} <= set(rule):
         raise ValueError(
-          f"Adafactor.set_param_axes: {path!r} has axes {names} with roles "
+          f"Adafactor: {path!r} has axes {names} with roles "
           f"{[r.name for r in rule]}: ROW, COLUMN and NONE cannot be combined in one parameter."
         )
       if not {FactorDim.ROW, FactorDim.COLUMN} <= set(rule):
@@ -282,18 +294,11 @@ class FactorRules:
       rules[path] = rule
     return rules
 
-  def replace_factor_map(self, factor_map: Any) -> None:
-    """Sets ``factor_map`` in place (`set_param_axes`); once this definition has
-    made a state, whose layout the map decides, only the same map is accepted
-    (T5X's train-state initializer sets the axes on each of its traces)."""
+  def with_factor_map(self, factor_map: Any) -> Any:
+    """A new definition with ``factor_map`` (this one where it is the same map)."""
     if static_key(factor_map) == static_key(self.hyper_params.get("factor_map")):
-      return
-    if self.__dict__.get("_made_state"):
-      raise RuntimeError(
-        "Adafactor.set_param_axes: this definition has already made an optimizer state, and "
-        "changing its factor rules now would change the definition that optimizer holds (its "
-        "next step would not fit its state). Call set_param_axes before create, or on a new "
-        "definition: Adafactor(...) with the same arguments, or copy.copy(opt_def)."
-      )
-    self.hyper_params = self.hyper_params.replace(factor_map=factor_map)
-    self.__dict__.pop("_key_cache", None)  # the definition changed
+      return self
+    new = copy.copy(self)
+    new.__dict__.pop("_key_cache", None)  # another definition
+    new.hyper_params = self.hyper_params.replace(factor_map=factor_map)
+    return new

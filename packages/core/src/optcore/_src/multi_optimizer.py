@@ -87,7 +87,7 @@ class MultiOptimizer(OptimizerDef):
     if not pairs:
       raise TypeError("MultiOptimizer needs at least one (selector, OptimizerDef) pair")
     self.traversals = tuple(selector for selector, _ in pairs)
-    self.sub_optimizers = _own_copies(opt for _, opt in pairs)
+    self.sub_optimizers = tuple(opt for _, opt in pairs)
     super().__init__(HyperParams())
     self.hyper_params = [opt.hyper_params for opt in self.sub_optimizers]
 
@@ -112,14 +112,36 @@ class MultiOptimizer(OptimizerDef):
     # One gradient tree serves every group: per-example only if every group takes them.
     return all(opt.per_example_gradients for opt in self.sub_optimizers)
 
-  def set_param_axes(self, param_logical_axes: PyTree) -> None:
-    """T5X's hook: hands each group that has ``set_param_axes`` (T5X's
-    Adafactor) the logical axes of its own leaves, None elsewhere."""
+  def with_param_axes(self, param_logical_axes: PyTree) -> MultiOptimizer:
+    """A new MultiOptimizer whose groups that derive rules from logical axes (T5X's Adafactor:
+    ``with_param_axes``) have them from their own leaves' axes (None elsewhere); this one is
+    unchanged. One definition in two groups becomes two, each with its group's rules.
+
+    Example:
+      >>> from jax.sharding import PartitionSpec as P
+      >>> import optcore
+      >>> shared = optcore.t5x.Adafactor(0.1)
+      >>> multi = optcore.MultiOptimizer(('enc', shared), ('dec', shared))
+      >>> axes = {'enc': P('layers', 'embed', 'mlp'), 'dec': P('layers', 'mlp', 'embed')}
+      >>> told = multi.with_param_axes(axes)
+      >>> told.sub_optimizers[0] is not told.sub_optimizers[1], shared.hyper_params.factor_map
+      (True, None)
+    """
     masks = self.masks(param_logical_axes)
-    for opt, mask in zip(self.sub_optimizers, masks, strict=True):
-      if hasattr(opt, "set_param_axes"):
-        opt.set_param_axes(_masked(param_logical_axes, mask))
-    self.__dict__.pop("_key_cache", None)  # a group's definition changed
+    groups = tuple(
+      opt.with_param_axes(_masked(param_logical_axes, mask))
+      if hasattr(opt, "with_param_axes")
+      else opt
+      for opt, mask in zip(self.sub_optimizers, masks, strict=True)
+    )
+    if all(new is old for new, old in zip(groups, self.sub_optimizers, strict=True)):
+      return self
+    new = copy.copy(self)
+    for cached in [k for k in new.__dict__ if k.endswith("_cache")]:
+      del new.__dict__[cached]
+    new.sub_optimizers = groups
+    new.hyper_params = [opt.hyper_params for opt in groups]
+    return new
 
   def masks(self, params: PyTree, *, check: bool = False) -> list[PyTree]:
     """The boolean mask of each group.
@@ -346,15 +368,3 @@ def _selector_key(selector: Selector) -> Any:
   if jax.tree_util.treedef_is_leaf(treedef):
     return selector
   return (treedef, tuple(bool(x) for x in leaves))
-
-
-def _own_copies(definitions: Any) -> tuple[OptimizerDef, ...]:
-  """The groups' definitions, each group's its own where one object serves several
-  groups and changes itself per group (T5X Adafactor's ``set_param_axes``: one
-  group's factor rules would otherwise overwrite another's)."""
-  out: list[OptimizerDef] = []
-  for opt in definitions:
-    if any(opt is seen for seen in out) and hasattr(opt, "set_param_axes"):
-      opt = copy.copy(opt)
-    out.append(opt)
-  return tuple(out)
