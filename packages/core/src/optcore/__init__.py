@@ -100,6 +100,7 @@ from optcore._src.serialization import to_state_dict as to_state_dict
 from optcore._src.sharding import logical_to_mesh as logical_to_mesh
 from optcore._src.sharding import logical_to_mesh_axes as logical_to_mesh_axes
 from optcore._src.sharding import logical_to_mesh_sharding as logical_to_mesh_sharding
+from optcore._src.state_axes import Placement as Placement
 from optcore._src.transplant import TransplantEntry as TransplantEntry
 from optcore._src.transplant import TransplantReport as TransplantReport
 from optcore._src.transplant import transplant as transplant
@@ -156,6 +157,7 @@ __all__ = [
   "OptimizerDef",
   "OptimizerState",
   "PartitionRuleError",
+  "Placement",
   "SelectorError",
   "StateDictError",
   "TransplantEntry",

@@ -14,7 +14,9 @@ same errors, and writes the same state dicts.
   'param_states'}}``, readable by every face (a core or Flax optimizer's
   ``'target'`` is ignored on restore).
 - `state_logical_axes` / `state_shardings`: the state's axes and
-  `NamedSharding` objects from the parameters' axes.
+  `NamedSharding` objects from the parameters' axes; `StatePlacement`, the
+  placement keywords a face's sharding functions take as ``**placement`` and
+  pass through whole (see `optcore.Placement`).
 - `transplant_state`: a state filled from a state dict written for another
   optimizer or other parameters, where parameter, role and shape still match
   (what each face's ``transplant`` calls).
@@ -44,6 +46,7 @@ from optcore._src.optimizer import fill_unaveraged as fill_unaveraged
 from optcore._src.serialization import key_data_for_export as key_data_for_export
 from optcore._src.serialization import restore_state_only as restore_state
 from optcore._src.serialization import state_only_dict as state_dict
+from optcore._src.state_axes import StatePlacement as StatePlacement
 from optcore._src.state_axes import state_logical_axes as state_logical_axes
 from optcore._src.state_axes import state_shardings as state_shardings
 from optcore._src.step import apply_step as step
@@ -51,6 +54,7 @@ from optcore._src.transplant import transplant_state as transplant_state
 from optcore._src.user_warnings import warn as warn
 
 __all__ = [
+  "StatePlacement",
   "as_definition",
   "fill_unaveraged",
   "key_data_for_export",

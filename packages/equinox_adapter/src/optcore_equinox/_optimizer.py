@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 import equinox as eqx
 import jax
@@ -235,11 +235,9 @@ class Optimizer(eqx.Module):
     self,
     model: PyTree,
     model_specs: PyTree | None = None,
-    mesh: Mesh | None = None,
+    mesh: Mesh | optcore.Placement | None = None,
     logical_axis_rules: Sequence[tuple[str, Any]] | None = None,
-    *,
-    state_axis: str | None = None,
-    state_memory_kind: str | None = None,
+    **placement: Unpack[adapter.StatePlacement],
   ) -> Optimizer:
     """This optimizer's structure with a `NamedSharding` at every state array.
 
@@ -258,8 +256,9 @@ class Optimizer(eqx.Module):
         mapped by ``logical_axis_rules``); None: replicated.
       mesh: the device mesh.
       logical_axis_rules: ``(logical_name, mesh_axes)`` pairs.
-      state_axis: a mesh axis to split every state leaf over (ZeRO-1).
-      state_memory_kind: ``"pinned_host"`` to keep the state in host memory.
+      **placement: ``state_axis=`` (ZeRO-1), ``state_memory_kind=`` (host memory): see
+
+        `optcore.Placement`, which ``mesh`` may be instead.
 
     Returns:
       This optimizer's structure with a `NamedSharding` at every state array.
@@ -289,8 +288,7 @@ class Optimizer(eqx.Module):
       specs,
       mesh,
       logical_axis_rules,
-      state_axis=state_axis,
-      state_memory_kind=state_memory_kind,
+      **placement,
     )
     return eqx.tree_at(lambda o: o.state, self, shardings)
 
@@ -298,11 +296,9 @@ class Optimizer(eqx.Module):
     self,
     model: PyTree,
     model_specs: PyTree | None = None,
-    mesh: Mesh | None = None,
+    mesh: Mesh | optcore.Placement | None = None,
     logical_axis_rules: Sequence[tuple[str, Any]] | None = None,
-    *,
-    state_axis: str | None = None,
-    state_memory_kind: str | None = None,
+    **placement: Unpack[adapter.StatePlacement],
   ) -> Optimizer:
     """This optimizer with its state placed by `shardings` (``eqx.filter_shard``).
 
@@ -312,8 +308,9 @@ class Optimizer(eqx.Module):
         mapped by ``logical_axis_rules``); None: replicated.
       mesh: the device mesh.
       logical_axis_rules: ``(logical_name, mesh_axes)`` pairs.
-      state_axis: a mesh axis to split every state leaf over (ZeRO-1).
-      state_memory_kind: ``"pinned_host"`` to keep the state in host memory.
+      **placement: ``state_axis=`` (ZeRO-1), ``state_memory_kind=`` (host memory): see
+
+        `optcore.Placement`, which ``mesh`` may be instead.
 
     Returns:
       The optimizer, its state on the mesh.
@@ -338,8 +335,7 @@ class Optimizer(eqx.Module):
       model_specs,
       mesh,
       logical_axis_rules,
-      state_axis=state_axis,
-      state_memory_kind=state_memory_kind,
+      **placement,
     )
     return eqx.filter_shard(self, shardings)
 

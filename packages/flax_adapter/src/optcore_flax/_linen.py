@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Unpack
 
 import jax
 from flax import linen as nn
@@ -11,6 +11,7 @@ from flax import nnx
 from jax.sharding import Mesh, PartitionSpec
 
 import optcore
+from optcore import adapter
 
 PyTree = Any
 
@@ -92,11 +93,9 @@ def derive_logical_axes(optimizer: optcore.Optimizer, params: PyTree) -> optcore
 def optimizer_shardings(
   optimizer: optcore.Optimizer,
   params: PyTree,
-  mesh: Mesh,
+  mesh: Mesh | optcore.Placement,
   logical_axis_rules: Sequence[tuple[str, Any]] | None = None,
-  *,
-  state_axis: str | None = None,
-  state_memory_kind: str | None = None,
+  **placement: Unpack[adapter.StatePlacement],
 ) -> optcore.Optimizer:
   """``optimizer``'s `NamedSharding` objects on ``mesh`` by Flax's ``logical_axis_rules``.
 
@@ -105,8 +104,9 @@ def optimizer_shardings(
     params: the boxed parameters, an ``nnx.State`` with axis names, or their specs.
     mesh: the device mesh.
     logical_axis_rules: ``(logical_name, mesh_axes)`` pairs.
-    state_axis: a mesh axis to split every state leaf over (ZeRO-1).
-    state_memory_kind: ``"pinned_host"`` keeps the state in host memory between steps.
+    **placement: ``state_axis=`` (ZeRO-1), ``state_memory_kind=`` (host memory): see
+
+      `optcore.Placement`, which ``mesh`` may be instead.
 
   Returns:
     An Optimizer-shaped tree of `NamedSharding` objects, for a jitted step's
@@ -134,19 +134,16 @@ def optimizer_shardings(
     param_logical_axes(params),
     mesh,
     logical_axis_rules,
-    state_axis=state_axis,
-    state_memory_kind=state_memory_kind,
+    **placement,
   )
 
 
 def create_sharded(
   optimizer_def: optcore.OptimizerDef,
   boxed_params: PyTree,
-  mesh: Mesh,
+  mesh: Mesh | optcore.Placement,
   logical_axis_rules: Sequence[tuple[str, Any]] | None = None,
-  *,
-  state_axis: str | None = None,
-  state_memory_kind: str | None = None,
+  **placement: Unpack[adapter.StatePlacement],
 ) -> optcore.Optimizer:
   """An optimizer over the unboxed ``boxed_params``, created sharded by their
   Linen (or nnx) logical axes and Flax's ``logical_axis_rules``.
@@ -157,8 +154,9 @@ def create_sharded(
       ``nnx.State`` of Params with axis names.
     mesh: the device mesh.
     logical_axis_rules: ``(logical_name, mesh_axes)`` pairs.
-    state_axis: a mesh axis to split every state leaf over (ZeRO-1).
-    state_memory_kind: ``"pinned_host"`` keeps the state in host memory between steps.
+    **placement: ``state_axis=`` (ZeRO-1), ``state_memory_kind=`` (host memory): see
+
+      `optcore.Placement`, which ``mesh`` may be instead.
 
   Returns:
     An `optcore.Optimizer` whose target and state live sharded on ``mesh``.
@@ -185,8 +183,7 @@ def create_sharded(
     axes,
     mesh,
     logical_axis_rules,
-    state_axis=state_axis,
-    state_memory_kind=state_memory_kind,
+    **placement,
   )
 
 

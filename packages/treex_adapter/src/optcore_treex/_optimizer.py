@@ -323,11 +323,9 @@ class Optimizer(to.Tree):
     self,
     params: PyTree,
     param_specs: PyTree | None = None,
-    mesh: Mesh | None = None,
+    mesh: Mesh | optcore.Placement | None = None,
     logical_axis_rules: Sequence[tuple[str, tp.Any]] | None = None,
-    *,
-    state_axis: str | None = None,
-    state_memory_kind: str | None = None,
+    **placement: tp.Unpack[adapter.StatePlacement],
   ) -> Optimizer:
     """This optimizer's structure with a `NamedSharding` at every leaf (the
     optax state's, and the step where it keeps one).
@@ -346,8 +344,9 @@ class Optimizer(to.Tree):
         mapped by ``logical_axis_rules``); None: replicated.
       mesh: the device mesh.
       logical_axis_rules: ``(logical_name, mesh_axes)`` pairs.
-      state_axis: a mesh axis to split every state leaf over (ZeRO-1).
-      state_memory_kind: ``"pinned_host"`` to keep the state in host memory.
+      **placement: ``state_axis=`` (ZeRO-1), ``state_memory_kind=`` (host memory): see
+
+        `optcore.Placement`, which ``mesh`` may be instead.
 
     Returns:
       This optimizer's structure with a `NamedSharding` at every leaf.
@@ -377,8 +376,7 @@ class Optimizer(to.Tree):
       param_specs,
       mesh,
       logical_axis_rules,
-      state_axis=state_axis,
-      state_memory_kind=state_memory_kind,
+      **placement,
     )
     module = to.copy(self)
     module.opt_state = shardings.param_states
@@ -389,11 +387,9 @@ class Optimizer(to.Tree):
     self,
     params: PyTree,
     param_specs: PyTree | None = None,
-    mesh: Mesh | None = None,
+    mesh: Mesh | optcore.Placement | None = None,
     logical_axis_rules: Sequence[tuple[str, tp.Any]] | None = None,
-    *,
-    state_axis: str | None = None,
-    state_memory_kind: str | None = None,
+    **placement: tp.Unpack[adapter.StatePlacement],
   ) -> Optimizer:
     """A new optimizer with its state placed by `shardings`; this one is untouched.
 
@@ -403,8 +399,9 @@ class Optimizer(to.Tree):
         mapped by ``logical_axis_rules``); None: replicated.
       mesh: the device mesh.
       logical_axis_rules: ``(logical_name, mesh_axes)`` pairs.
-      state_axis: a mesh axis to split every state leaf over (ZeRO-1).
-      state_memory_kind: ``"pinned_host"`` to keep the state in host memory.
+      **placement: ``state_axis=`` (ZeRO-1), ``state_memory_kind=`` (host memory): see
+
+        `optcore.Placement`, which ``mesh`` may be instead.
 
     Returns:
       The optimizer, its state on the mesh.
@@ -430,8 +427,7 @@ class Optimizer(to.Tree):
       param_specs,
       mesh,
       logical_axis_rules,
-      state_axis=state_axis,
-      state_memory_kind=state_memory_kind,
+      **placement,
     )
     return jax.device_put(self, shardings)
 

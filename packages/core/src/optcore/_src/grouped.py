@@ -21,7 +21,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar, Unpack
 
 import jax
 import jax.numpy as jnp
@@ -238,26 +238,17 @@ class Grouped(Wrapper):
     self,
     optimizer: Any,
     param_logical_axes: PyTree | None = None,
-    mesh: Mesh | None = None,
+    mesh: Mesh | state_axes.Placement | None = None,
     logical_axis_rules: Sequence[tuple[str, Any]] | None = None,
-    *,
-    state_axis: str | None = None,
-    state_memory_kind: str | None = None,
+    **placement: Unpack[state_axes.StatePlacement],
   ) -> GroupedOptimizer:
-    mesh = state_axes.required_mesh(mesh)
+    where = state_axes.Placement.of(mesh, logical_axis_rules, **placement)
     packed, target_axes = self._target_axes(optimizer, param_logical_axes)
+    inner = self.inner_for(packed.layout)
     state = state_axes.unchecked_state_shardings(
-      self.inner_for(packed.layout),
-      optimizer.packed_state,
-      packed,
-      target_axes,
-      mesh,
-      logical_axis_rules,
-      state_axis,
-      state_memory_kind,
+      inner, optimizer.packed_state, packed, target_axes, where
     )
-    target = sharding.logical_to_mesh_sharding(target_axes, mesh, logical_axis_rules)
-    shardings = GroupedOptimizer(self, state, target)
+    shardings = GroupedOptimizer(self, state, where.parameter_shardings(target_axes))
     sharding.check_divisible(optimizer, shardings)
     return shardings
 

@@ -8,28 +8,134 @@ stays in its ``derive_param_states_axes`` hook; everything else is here.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from optcore._src import partition_rules, placement, sharding
+from optcore._src import partition_rules, sharding
+from optcore._src import placement as memory
 from optcore._src.optimizer import Optimizer, OptimizerState
 
 PyTree = Any
 LogicalAxisRules = Sequence[tuple[str, Any]]
 
 
-def required_mesh(mesh: Mesh | None) -> Mesh:
-  """``mesh``, or the one TypeError for a missing mesh that every face raises."""
-  if mesh is None:
-    raise TypeError(
-      "a mesh is required: pass mesh=jax.sharding.Mesh(devices, axis_names) (with "
-      "state_axis='data' alone, the parameters are replicated and the state is split)"
-    )
-  return mesh
+class StatePlacement(TypedDict, total=False):
+  """The keywords that say where an optimizer's state lives, beside the mesh and its rules:
+  every face's sharding functions take them as ``**placement`` (see `Placement`)."""
+
+  state_axis: str | None
+  state_memory_kind: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+  """Where an optimizer's state lives: one decision per leaf, made in one place.
+
+  Each state leaf gets the logical axes its definition derives from the
+  parameters' axes, mapped onto ``mesh`` by ``logical_axis_rules``; with
+  ``state_axis`` (ZeRO-1) it is also split over that mesh axis, on its
+  largest dimension the axis divides and no other axis splits, while the
+  parameters keep their own sharding; with ``state_memory_kind``
+  (``"pinned_host"``) every non-scalar leaf lives in that memory between
+  steps (each step brings it to the device and back, inside ``jit``). Leaves
+  ``state_axis`` cannot split stay replicated and are logged.
+
+  Every face's sharding function takes one (as its ``mesh``), or the same
+  fields as keywords: ``create_sharded(params, axes, Placement(mesh, rules,
+  state_axis='data'))`` is ``create_sharded(params, axes, mesh, rules,
+  state_axis='data')``.
+
+  Attributes:
+    mesh: the device mesh.
+    logical_axis_rules: ``(logical_name, mesh_axes)`` pairs, Flax's format;
+      None: the axes name mesh axes already.
+    state_axis: a mesh axis to split every state leaf over (ZeRO-1).
+    state_memory_kind: ``"pinned_host"`` to keep the state in host memory.
+
+  Raises:
+    TypeError: no mesh, or a placement keyword that does not exist (from `of`).
+    ValueError: a ``state_axis`` the mesh lacks, or a memory kind its
+      devices lack (``"unpinned_host"`` is refused: inside ``jit`` JAX cannot
+      tell it from device memory).
+
+  Example:
+    >>> import jax, jax.numpy as jnp, numpy as np
+    >>> from jax.sharding import Mesh, PartitionSpec as P
+    >>> import optcore
+    >>> mesh = Mesh(np.array(jax.devices()[:1]), ('data',))
+    >>> where = optcore.Placement(mesh, state_axis='data')
+    >>> opt = optcore.adam(1e-3).create_sharded({'w': jnp.zeros((4, 2))}, None, where)
+    >>> opt.state.param_states[0].mu['w'].sharding.spec == P('data', None)
+    True
+  """
+
+  mesh: Mesh
+  logical_axis_rules: Any = None
+  state_axis: str | None = None
+  state_memory_kind: str | None = None
+
+  def __post_init__(self) -> None:
+    if self.mesh is None:
+      raise TypeError(
+        "a mesh is required: pass mesh=jax.sharding.Mesh(devices, axis_names) (with "
+        "state_axis='data' alone, the parameters are replicated and the state is split)"
+      )
+    if not isinstance(self.mesh, Mesh):
+      raise TypeError(f"mesh must be a jax.sharding.Mesh, found {type(self.mesh).__name__}")
+    if self.logical_axis_rules is not None:  # hashable, so a placement can be a static argument
+      object.__setattr__(self, "logical_axis_rules", tuple(map(tuple, self.logical_axis_rules)))
+    if self.state_axis is not None and self.state_axis not in self.mesh.axis_names:
+      raise partition_rules.PartitionRuleError(
+        f"state_axis={self.state_axis!r} is not an axis of the mesh, whose axes are "
+        f"{list(self.mesh.axis_names)}. Name the data-parallel mesh axis, e.g. state_axis='data'."
+      )
+    if self.state_memory_kind is not None:
+      memory.check_memory_kind(self.mesh, self.state_memory_kind)
+
+  @classmethod
+  def of(
+    cls, mesh: Mesh | Placement | None, logical_axis_rules: Any = None, **state: Any
+  ) -> Placement:
+    """The placement a face's arguments name: ``mesh`` itself where it is a `Placement`
+    (then nothing else may be given), else one made of the mesh, its rules and the
+    `StatePlacement` keywords (any other keyword is refused, naming the valid ones)."""
+    unknown = sorted(set(state) - set(StatePlacement.__annotations__))
+    if unknown:
+      raise TypeError(
+        f"unknown placement keyword {', '.join(map(repr, unknown))}; the state's placement "
+        f"keywords are {sorted(StatePlacement.__annotations__)} (see optcore.Placement)"
+      )
+    if isinstance(mesh, Placement):
+      given = [k for k, v in state.items() if v is not None]
+      if logical_axis_rules is not None or given:
+        extra = given + (["logical_axis_rules"] if logical_axis_rules is not None else [])
+        raise TypeError(
+          f"mesh is a Placement, which holds the rules and the state's placement; {extra} "
+          "given beside it as well. Put them in the Placement: "
+          "optcore.Placement(mesh, rules, state_axis=..., state_memory_kind=...)."
+        )
+      return mesh
+    return cls(mesh, logical_axis_rules, **state)
+
+  def state_shardings(self, state: PyTree, state_axes: PyTree, *, report: bool = True) -> PyTree:
+    """The `NamedSharding` of every leaf of ``state`` from its logical axes: mapped onto the
+    mesh, split over ``state_axis``, in ``state_memory_kind``."""
+    shardings = sharding.logical_to_mesh_sharding(state_axes, self.mesh, self.logical_axis_rules)
+    if self.state_axis is not None:
+      shardings = add_state_axis(state, shardings, self.mesh, self.state_axis, report=report)
+    if self.state_memory_kind is not None:
+      shardings = memory.with_memory_kind(state, shardings, self.mesh, self.state_memory_kind)
+    return shardings
+
+  def parameter_shardings(self, param_axes: PyTree) -> PyTree:
+    """The parameters' `NamedSharding`s: their axes mapped onto the mesh (never split over
+    ``state_axis``, never in host memory)."""
+    return sharding.logical_to_mesh_sharding(param_axes, self.mesh, self.logical_axis_rules)
 
 
 def state_logical_axes(
@@ -81,37 +187,31 @@ def state_shardings(
   state: OptimizerState,
   params: PyTree,
   param_axes: PyTree | None,
-  mesh: Mesh | None,
+  mesh: Mesh | Placement | None,
   logical_axis_rules: LogicalAxisRules | None = None,
-  *,
-  state_axis: str | None = None,
-  state_memory_kind: str | None = None,
+  **placement: Unpack[StatePlacement],
 ) -> OptimizerState:
   """``state``'s structure with a `NamedSharding` on ``mesh`` at every leaf: the
-  axes of `state_logical_axes` mapped by ``logical_axis_rules`` (None: the
-  axes name mesh axes already). ``param_axes`` None: the parameters are
-  replicated. ``state_axis`` also splits every leaf over that mesh axis
-  (ZeRO-1, see `OptimizerDef.derive_shardings`); ``state_memory_kind``
-  places every non-scalar leaf in that memory. Raises `PartitionRuleError`
-  naming the first leaf whose dimension the mesh does not divide, and
-  TypeError when ``mesh`` is None.
+  axes of `state_logical_axes` placed as `Placement` says (mapped by
+  ``logical_axis_rules``, split over ``state_axis``, in ``state_memory_kind``).
+  ``param_axes`` None: the parameters are replicated.
 
   Args:
     optimizer_def: the definition ``state`` belongs to.
     state: its `OptimizerState` (or ``jax.eval_shape`` of it).
     params: the parameters (or their shapes).
     param_axes: one `PartitionSpec` per parameter; None: replicated.
-    mesh: the device mesh.
+    mesh: the device mesh, or a `Placement` holding it, the rules and the keywords.
     logical_axis_rules: ``(logical_name, mesh_axes)`` pairs.
-    state_axis: a mesh axis to split every state leaf over (ZeRO-1).
-    state_memory_kind: ``"pinned_host"`` to keep the state in host memory.
+    **placement: ``state_axis=`` (ZeRO-1) and ``state_memory_kind=`` (host memory), as in
+      `Placement`.
 
   Returns:
     ``state``'s structure with a `NamedSharding` at every leaf.
 
   Raises:
     optcore.PartitionRuleError: a dimension the mesh does not divide (named by path).
-    TypeError: no mesh.
+    TypeError: no mesh, or an unknown placement keyword.
 
   Example:
     >>> import jax, jax.numpy as jnp, numpy as np
@@ -126,43 +226,21 @@ def state_shardings(
     >>> shardings.param_states[0].mu['w'].spec == P(None, 'model')
     True
   """
+  where = Placement.of(mesh, logical_axis_rules, **placement)
   if param_axes is None:
     param_axes = jax.tree.map(lambda _: PartitionSpec(), params)
   axes = partition_rules.normalize_param_axes(params, param_axes)
-  shardings = unchecked_state_shardings(
-    optimizer_def,
-    state,
-    params,
-    axes,
-    required_mesh(mesh),
-    logical_axis_rules,
-    state_axis,
-    state_memory_kind,
-  )
+  shardings = unchecked_state_shardings(optimizer_def, state, params, axes, where)
   sharding.check_divisible(state, shardings)  # named here, not in device_put's error
   return shardings
 
 
 def unchecked_state_shardings(
-  optimizer_def: Any,
-  state: OptimizerState,
-  params: PyTree,
-  axes: PyTree,
-  mesh: Mesh,
-  logical_axis_rules: LogicalAxisRules | None,
-  state_axis: str | None,
-  state_memory_kind: str | None = None,
+  optimizer_def: Any, state: OptimizerState, params: PyTree, axes: PyTree, where: Placement
 ) -> OptimizerState:
   """The one pipeline behind `state_shardings` and `optimizer_shardings`: the
-  state's logical axes, mapped onto ``mesh``, ZeRO-1's ``state_axis``, and
-  the memory the state lives in between steps (``state_memory_kind``)."""
-  state_axes = state_axes_of_full_rank(optimizer_def, state, params, axes)
-  shardings = sharding.logical_to_mesh_sharding(state_axes, mesh, logical_axis_rules)
-  if state_axis is not None:
-    shardings = add_state_axis(state, shardings, mesh, state_axis)
-  if state_memory_kind is not None:
-    shardings = placement.with_memory_kind(state, shardings, mesh, state_memory_kind)
-  return shardings
+  state's logical axes, placed by ``where``."""
+  return where.state_shardings(state, state_axes_of_full_rank(optimizer_def, state, params, axes))
 
 
 def optimizer_logical_axes(
@@ -175,35 +253,16 @@ def optimizer_logical_axes(
 
 
 def optimizer_shardings(
-  optimizer_def: Any,
-  optimizer: Optimizer,
-  param_logical_axes: PyTree | None,
-  mesh: Mesh,
-  logical_axis_rules: LogicalAxisRules | None = None,
-  *,
-  state_axis: str | None = None,
-  state_memory_kind: str | None = None,
+  optimizer_def: Any, optimizer: Optimizer, param_logical_axes: PyTree | None, where: Placement
 ) -> Optimizer:
   """`OptimizerDef.derive_shardings`: an Optimizer of `NamedSharding` objects, divisibility
-  checked. ``param_logical_axes`` None: the parameters are replicated.
-  ``state_axis``: every state leaf is also split over that mesh axis (ZeRO-1,
-  see `add_state_axis`); the parameters keep their own sharding.
-  ``state_memory_kind``: every non-scalar state leaf lives in that memory
-  between steps (see `placement.with_memory_kind`)."""
+  checked. ``param_logical_axes`` None: the parameters are replicated; they keep their own
+  sharding whatever ``where`` does to the state."""
   if param_logical_axes is None:
     param_logical_axes = jax.tree.map(lambda _: PartitionSpec(), optimizer.target)
   axes = partition_rules.normalize_param_axes(optimizer.target, param_logical_axes)
-  state = unchecked_state_shardings(
-    optimizer_def,
-    optimizer.state,
-    optimizer.target,
-    axes,
-    mesh,
-    logical_axis_rules,
-    state_axis,
-    state_memory_kind,
-  )
-  target = sharding.logical_to_mesh_sharding(axes, mesh, logical_axis_rules)
+  state = unchecked_state_shardings(optimizer_def, optimizer.state, optimizer.target, axes, where)
+  target = where.parameter_shardings(axes)
   # The optimizer's own definition, so the shardings have its pytree structure even where
   # create_sharded gave it the parameters' axes (optcore.contrib.muon).
   shardings = Optimizer(getattr(optimizer, "optimizer_def", optimizer_def), state, target)
@@ -224,11 +283,6 @@ def add_state_axis(
   dimension, stay replicated; those (not the scalars) are logged, one line,
   on the ``optcore`` logger at INFO.
   """
-  if state_axis not in mesh.axis_names:
-    raise partition_rules.PartitionRuleError(
-      f"state_axis={state_axis!r} is not an axis of the mesh, whose axes are "
-      f"{list(mesh.axis_names)}. Name the data-parallel mesh axis, e.g. state_axis='data'."
-    )
   ways = mesh.shape[state_axis]
   keyed, treedef = jax.tree_util.tree_flatten_with_path(state)
   out, kept = [], []
@@ -261,14 +315,7 @@ def add_state_axis(
 
 
 def create_sharded(
-  optimizer_def: Any,
-  target: PyTree,
-  param_logical_axes: PyTree | None,
-  mesh: Mesh,
-  logical_axis_rules: LogicalAxisRules | None = None,
-  *,
-  state_axis: str | None = None,
-  state_memory_kind: str | None = None,
+  optimizer_def: Any, target: PyTree, param_logical_axes: PyTree | None, where: Placement
 ) -> Optimizer:
   """`OptimizerDef.create_sharded`: ``create`` jitted with the derived ``out_shardings``.
   A definition that reads the parameters' logical axes (`optcore.contrib.muon`)
@@ -276,19 +323,12 @@ def create_sharded(
   if param_logical_axes is not None:
     optimizer_def = optimizer_def.with_param_logical_axes(param_logical_axes)
   abstract = jax.eval_shape(optimizer_def.create, target)
-  shardings = optimizer_def.derive_shardings(
-    abstract,
-    param_logical_axes,
-    mesh,
-    logical_axis_rules,
-    state_axis=state_axis,
-    state_memory_kind=state_memory_kind,
-  )
+  shardings = optimizer_def.derive_shardings(abstract, param_logical_axes, where)
   optimizer = jax.jit(optimizer_def.create, out_shardings=shardings)(target)
   # Under ZeRO-1 the update is computed split like the state, then gathered: the pins say both.
   split = None
-  if state_axis is not None:
-    split = add_state_axis(abstract, shardings, mesh, state_axis, report=False)
+  if where.state_axis is not None:
+    split = add_state_axis(abstract, shardings, where.mesh, where.state_axis, report=False)
   return optimizer._pinned_to(shardings, split)
 
 
@@ -371,39 +411,32 @@ class ShardingMethods:
     self,
     optimizer: Optimizer,
     param_logical_axes: PyTree | None = None,
-    mesh: Mesh | None = None,
+    mesh: Mesh | Placement | None = None,
     logical_axis_rules: Sequence[tuple[str, Any]] | None = None,
-    *,
-    state_axis: str | None = None,
-    state_memory_kind: str | None = None,
+    **placement: Unpack[StatePlacement],
   ) -> Optimizer:
     """An Optimizer-shaped tree of `NamedSharding` objects on ``mesh``: the logical
     axes of `derive_logical_axes`, mapped by Flax-style ``logical_axis_rules``
     (None: the axes already name mesh axes). Use it as a jitted step's in and
     out shardings. ``param_logical_axes`` None: the parameters are replicated.
 
-    ``state_axis`` (ZeRO-1): every state leaf is also split over that mesh
-    axis, on its largest dimension the axis divides and no other axis splits,
-    while the parameters keep their own sharding; data-parallel training then
-    holds 1/N of the state per device, for one all-gather of the updated
-    parameters per step. Leaves it cannot split stay replicated and are logged.
-
-    ``state_memory_kind`` (``"pinned_host"``): every non-scalar state leaf
-    lives in that memory between steps; each step (every face's) brings it
-    to the device, computes and puts the new state back, inside ``jit``, for
-    the same numbers. The parameters and the scalar counters stay on the
-    device. A memory kind the mesh's devices lack raises ValueError listing
-    theirs; ``"unpinned_host"`` is refused (inside ``jit`` JAX cannot tell
-    it from device memory).
+    Where the state lives is a `Placement`: pass one as ``mesh``, or its
+    fields as arguments. ``state_axis='data'`` (ZeRO-1) splits every state
+    leaf over that mesh axis while the parameters keep their own sharding
+    (data-parallel training then holds 1/N of the state per device, for one
+    all-gather of the updated parameters per step);
+    ``state_memory_kind='pinned_host'`` keeps every non-scalar state leaf in
+    host memory between steps (each step, in every face, brings it to the
+    device and back inside ``jit``, for the same numbers).
 
     Args:
       optimizer: an Optimizer of this definition (or its ``jax.eval_shape``).
       param_logical_axes: one `PartitionSpec` (logical names) per parameter;
         None: replicated.
-      mesh: the device mesh (required).
+      mesh: the device mesh (required), or a `Placement`.
       logical_axis_rules: ``(logical_name, mesh_axes)`` pairs, Flax's format.
-      state_axis: a mesh axis to split every state leaf over (ZeRO-1).
-      state_memory_kind: ``"pinned_host"`` to keep the state in host memory.
+      **placement: ``state_axis=`` (ZeRO-1) and ``state_memory_kind=``
+        (host memory), as in `Placement`.
 
     Returns:
       An Optimizer-shaped tree of `NamedSharding` objects.
@@ -427,24 +460,16 @@ class ShardingMethods:
       True
     """
     return optimizer_shardings(
-      self,
-      optimizer,
-      param_logical_axes,
-      required_mesh(mesh),
-      logical_axis_rules,
-      state_axis=state_axis,
-      state_memory_kind=state_memory_kind,
+      self, optimizer, param_logical_axes, Placement.of(mesh, logical_axis_rules, **placement)
     )
 
   def create_sharded(
     self,
     target: PyTree,
     param_logical_axes: PyTree | None = None,
-    mesh: Mesh | None = None,
+    mesh: Mesh | Placement | None = None,
     logical_axis_rules: Sequence[tuple[str, Any]] | None = None,
-    *,
-    state_axis: str | None = None,
-    state_memory_kind: str | None = None,
+    **placement: Unpack[StatePlacement],
   ) -> Optimizer:
     """Like `create`, with the target and every state leaf created sharded on
     ``mesh`` (``jit`` with ``out_shardings``): no device ever holds the
@@ -455,10 +480,10 @@ class ShardingMethods:
       param_logical_axes: one `PartitionSpec` (logical names) per parameter;
         None: replicated. A definition that reads axes (``contrib.muon``) is
         given them too.
-      mesh: the device mesh (required).
+      mesh: the device mesh (required), or a `Placement`.
       logical_axis_rules: ``(logical_name, mesh_axes)`` pairs, Flax's format.
-      state_axis: a mesh axis to split every state leaf over (ZeRO-1).
-      state_memory_kind: ``"pinned_host"`` to keep the state in host memory.
+      **placement: ``state_axis=`` (ZeRO-1) and ``state_memory_kind=``
+        (host memory), as in `Placement`.
 
     Returns:
       An `Optimizer` whose target and state live sharded on ``mesh``.
@@ -499,13 +524,7 @@ class ShardingMethods:
       'pinned_host'
     """
     return create_sharded(
-      self,
-      target,
-      param_logical_axes,
-      required_mesh(mesh),
-      logical_axis_rules,
-      state_axis=state_axis,
-      state_memory_kind=state_memory_kind,
+      self, target, param_logical_axes, Placement.of(mesh, logical_axis_rules, **placement)
     )
 
   def derive_param_states_axes(
