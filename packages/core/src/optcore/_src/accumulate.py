@@ -94,12 +94,7 @@ class Accumulate(StateWrapper):
     return OptimizerState(inner.step, state)
 
   def apply_gradient(
-    self,
-    hyper_params: Any,
-    params: PyTree,
-    state: OptimizerState,
-    grads: PyTree,
-    **extra_args: Any,
+    self, hyper_params: Any, params: PyTree, state: OptimizerState, grads: PyTree, **extra_args: Any
   ) -> tuple[PyTree, OptimizerState]:
     """Adds ``grads`` to the running mean; every ``every``-th call applies the
     wrapped definition to the mean (with this call's ``hyper_params``) and

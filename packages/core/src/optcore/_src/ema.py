@@ -68,12 +68,7 @@ class Ema(StateWrapper):
     )
 
   def apply_gradient(
-    self,
-    hyper_params: Any,
-    params: PyTree,
-    state: OptimizerState,
-    grads: PyTree,
-    **extra_args: Any,
+    self, hyper_params: Any, params: PyTree, state: OptimizerState, grads: PyTree, **extra_args: Any
   ) -> tuple[PyTree, OptimizerState]:
     """One step of the wrapped definition, then ``ema = decay * ema + (1 -
     decay) * new_params``."""

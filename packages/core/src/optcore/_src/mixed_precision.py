@@ -102,12 +102,7 @@ class MixedPrecision(StateWrapper):
     return OptimizerState(inner.step, MixedPrecisionState(self._store(inner.param_states), master))
 
   def apply_gradient(
-    self,
-    hyper_params: Any,
-    params: PyTree,
-    state: OptimizerState,
-    grads: PyTree,
-    **extra_args: Any,
+    self, hyper_params: Any, params: PyTree, state: OptimizerState, grads: PyTree, **extra_args: Any
   ) -> tuple[PyTree, OptimizerState]:
     """One step of the wrapped definition on the master copies, its state read
     in the dtypes its own ``init_state`` gives (up-cast) and stored in
