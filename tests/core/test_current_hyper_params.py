@@ -116,3 +116,23 @@ def test_constants_are_read_from_a_state_that_keeps_no_count(opt_def):
   state = opt_def.as_optax().init({"w": jnp.ones(3)})
   values = opt_def.current_hyper_params(state)
   assert next(v for k, v in values.items() if k.endswith("learning_rate")) == jnp.float32(0.1)
+
+
+def test_a_mask_function_is_not_read_as_a_schedule():
+  """adamw's mask is a function of the parameters: it was called with the step count (and a mask
+  that reads the parameters' keys crashed); it is left out, as other non-numeric settings are."""
+  called = []
+
+  def mask(params):
+    called.append(params)
+    return {k: v.ndim > 1 for k, v in params.items()}
+
+  opt_def = optcore.adamw(1e-3, weight_decay=0.1, mask=mask)
+  opt = opt_def.create({"w": jnp.ones((2, 2)), "b": jnp.ones(2)})
+  before = len(called)
+  read = optcore.current_hyper_params(opt)
+  assert len(called) == before and "mask" not in read
+  assert float(read["weight_decay"]) == pytest.approx(0.1)
+  tx = opt_def.as_optax()
+  state = tx.init({"w": jnp.ones((2, 2)), "b": jnp.ones(2)})
+  assert "mask" not in optcore.current_hyper_params(state, optimizer_def=opt_def)

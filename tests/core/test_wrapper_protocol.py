@@ -152,3 +152,29 @@ def test_a_flag_the_wrapper_does_not_name_is_inherited_by_grouped_too():
   for flag in optcore.OptimizerDef.FLAGS:
     want = True if flag == "groups_parameters" else getattr(inner, flag)
     assert getattr(opt_def, flag) == want, flag
+
+
+def test_a_groups_accumulation_is_checked_on_restore_naming_the_groups_path():
+  """accumulate around one MultiOptimizer group: a longer window's mini_step was read into a
+  shorter one silently (the group's checks were not asked). Refused, naming the group's path;
+  under another wrapper the path goes through its inner."""
+  params = {"w": jnp.ones(2), "b": jnp.ones(2)}
+
+  def multi(every):
+    return optcore.MultiOptimizer(
+      ("w", optcore.accumulate(optcore.adam(1e-2), every=every)), ("b", optcore.sgd(0.1))
+    )
+
+  written = multi(4).create(params)
+  for _ in range(3):
+    written = written.apply_gradient(params)
+  with pytest.raises(optcore.StateDictError, match=r"'state/param_states/0/mini_step'.*every=2"):
+    multi(2).create(params).restore_state(written.state_dict())
+  assert int(multi(4).create(params).restore_state(written.state_dict()).state.step) == 3
+
+  nested = optcore.ema(optcore.accumulate(optcore.adam(1e-2), every=4), 0.9).create(params)
+  for _ in range(3):
+    nested = nested.apply_gradient(params)
+  shorter = optcore.ema(optcore.accumulate(optcore.adam(1e-2), every=2), 0.9).create(params)
+  with pytest.raises(optcore.StateDictError, match=r"'state/param_states/inner/mini_step'"):
+    shorter.restore_state(nested.state_dict())

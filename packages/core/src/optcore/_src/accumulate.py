@@ -65,19 +65,19 @@ class Accumulate(StateWrapper):
   def _twice_hint(self) -> str:
     return "accumulate once, with every= the product of both"
 
-  def check_state_values(self, state: OptimizerState) -> None:
+  def check_state_values(self, state: OptimizerState, where: str = "state/param_states") -> None:
     """A ``mini_step`` of ``every`` or more was written by a longer window: continuing would
     drop the gradients it holds (a state of every=4 at mini_step 3 read into every=2)."""
     mini_step = state.param_states.mini_step
     if not isinstance(mini_step, jax.core.Tracer) and not 0 <= int(mini_step) < self.every:
       raise StateDictError(
-        f"at 'state/param_states/mini_step': expected a count below every={self.every} for "
+        f"at '{where}/mini_step': expected a count below every={self.every} for "
         f"{self!r}, found {int(mini_step)}: the state was written by an accumulation of a "
         f"longer window, whose gradients this one would drop. Restore it into an accumulate of "
         f"every={int(mini_step) + 1} or more (as the one that wrote it), or save it at the end "
         "of a window (mini_step 0)."
       )
-    super().check_state_values(state)
+    super().check_state_values(state, where)
 
   def _dtype_for(self, param: Any) -> Any:
     """The accumulator's dtype for ``param``: ``dtype``, complex for a complex parameter (its

@@ -19,7 +19,13 @@ import optax
 
 from optcore._src import export, overrides, paths, serialization, state_axes
 from optcore._src.checks import check_float_params, check_learning_rate
-from optcore._src.hyper_params import HyperParams, StaticConfig, at_step, current_values
+from optcore._src.hyper_params import (
+  HyperParams,
+  StaticConfig,
+  at_step,
+  current_values,
+  is_schedule,
+)
 from optcore._src.optimizer import Optimizer, OptimizerState, replicated
 
 PyTree = Any
@@ -419,7 +425,7 @@ def _step_of(optimizer_def: OptimizerDef, state: Any) -> Any:
 def _has_schedule(hyper_params: Any) -> bool:
   """Whether any hyper-parameter (a MultiOptimizer's groups' included) is a schedule."""
   groups = hyper_params if isinstance(hyper_params, list) else [hyper_params]
-  return any(callable(v) for hp in groups for v in dict(hp.items()).values())
+  return any(is_schedule(v, k) for hp in groups for k, v in dict(hp.items()).items())
 
 
 def _register_static(cls: type) -> None:

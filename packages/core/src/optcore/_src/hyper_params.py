@@ -18,9 +18,33 @@ def is_numeric(value: Any) -> bool:
   return isinstance(value, (int, float, complex, np.ndarray, np.generic, jax.Array))
 
 
-def is_schedule(value: Any) -> bool:
+# Hyper-parameters whose functions take something other than the step count: a mask or labels
+# of the parameters (adamw's ``mask``, lars' ``trust_ratio_mask``, muon's dimension numbers), a
+# line search's value function. They are never evaluated as schedules.
+NOT_SCHEDULES = frozenset(
+  {
+    "mask",
+    "weight_decay_mask",
+    "trust_ratio_mask",
+    "param_labels",
+    "weight_dimension_numbers",
+    "muon_weight_dimension_numbers",
+    "clip_value_fn",
+    "value_fn",
+    "is_leaf",
+    "measure",
+    "measures",
+    "transform_non_params",
+  }
+)
+
+
+def is_schedule(value: Any, name: Any = None) -> bool:
   """A schedule of the step count: a function (``optax.cosine_decay_schedule(...)``,
-  a lambda, a partial) or an object that says it is one (`optcore.config.Schedule`)."""
+  a lambda, a partial) or an object that says it is one (`optcore.config.Schedule`);
+  never the value of a hyper-parameter named in `NOT_SCHEDULES` (a mask function)."""
+  if name in NOT_SCHEDULES:
+    return False
   if isinstance(value, (types.FunctionType, functools.partial)):
     return True
   return bool(getattr(value, "is_schedule", False)) and callable(value)
@@ -40,7 +64,7 @@ def at_step(hyper_params: Any, step: Any) -> Any:
   """
   if not isinstance(hyper_params, HyperParams):
     return hyper_params
-  scheduled = {k: v(step) for k, v in hyper_params.items() if is_schedule(v)}
+  scheduled = {k: v(step) for k, v in hyper_params.items() if is_schedule(v, k)}
   return hyper_params.replace(**scheduled) if scheduled else hyper_params
 
 
@@ -70,7 +94,7 @@ def current_values(hyper_params: Any, step: Any, prefix: str = "") -> dict[str, 
   out: dict[str, jax.Array] = {}
   for key, value in items:
     name = f"{prefix}{key}"
-    if is_schedule(value):
+    if is_schedule(value, key):
       value = value(step)
     if is_numeric(value) and np.ndim(value) == 0:
       out[name] = jax.numpy.asarray(value)

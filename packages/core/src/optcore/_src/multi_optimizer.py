@@ -288,6 +288,13 @@ class MultiOptimizer(OptimizerDef):
 
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
+  def check_state_values(self, state: OptimizerState, where: str = "state/param_states") -> None:
+    """Each group's own checks, on its own state (`accumulate` around a group's definition)."""
+    if self.per_parameter_state:  # one tree of per-parameter states: no wrapper among them
+      return
+    for i, (opt, sub) in enumerate(zip(self.sub_optimizers, state.param_states, strict=True)):
+      opt.check_state_values(OptimizerState(state.step, sub), f"{where}/{i}")
+
   def keeps_ema(self) -> bool:
     return any(opt.keeps_ema() for opt in self.sub_optimizers)
 

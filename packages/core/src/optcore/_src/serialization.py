@@ -477,7 +477,8 @@ class StateDictMethods:
     # Where this optimizer's own arrays were placed (create_sharded's layout, host memory).
     return placement.keep_placement(new_target, target), placement.keep_placement(new_state, state)
 
-  def check_state_values(self, state: OptimizerState) -> None:
+  def check_state_values(self, state: OptimizerState, where: str = "state/param_states") -> None:
     """Raises `StateDictError` for a restored ``state`` whose structure, shapes and dtypes fit
     but whose values this definition cannot continue from (`accumulate`'s ``mini_step`` of a
-    longer window). Every restore and transplant calls it; by default it accepts all."""
+    longer window), naming the path below ``where`` (the state dict path of
+    ``state.param_states``). Every restore and transplant calls it; by default it accepts all."""

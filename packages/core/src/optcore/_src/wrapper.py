@@ -171,8 +171,8 @@ class StateWrapper(Wrapper):
   def keeps_ema(self) -> bool:
     return self.optimizer_def.keeps_ema()
 
-  def check_state_values(self, state: OptimizerState) -> None:
-    self.optimizer_def.check_state_values(self._inner_state(state))
+  def check_state_values(self, state: OptimizerState, where: str = "state/param_states") -> None:
+    self.optimizer_def.check_state_values(self._inner_state(state), f"{where}/inner")
 
 
 def wrapped_chain(optimizer_def: OptimizerDef) -> list[OptimizerDef]:
