@@ -34,8 +34,14 @@ def imported(node: ast.Import | ast.ImportFrom) -> list[str]:
 
 
 def module_level_imports(tree: ast.Module) -> set[str]:
+  """The module's imports, those under ``if TYPE_CHECKING:`` included: a cycle a type checker
+  walks is a cycle (optimizer -> transplant -> serialization -> optimizer hid there)."""
   found: set[str] = set()
   for node in tree.body:
+    if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+      for inner in node.body:
+        if isinstance(inner, (ast.Import, ast.ImportFrom)):
+          found.update(imported(inner))
     if isinstance(node, (ast.Import, ast.ImportFrom)):
       found.update(imported(node))
   return found

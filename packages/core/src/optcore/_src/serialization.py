@@ -10,7 +10,7 @@ key, shape and dtype before it builds anything.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import numpy as np
@@ -18,9 +18,7 @@ from jax.sharding import PartitionSpec
 
 from optcore._src import paths, placement
 from optcore._src.checks import dtype_name
-
-if TYPE_CHECKING:
-  from optcore._src.optimizer import OptimizerState
+from optcore._src.state import OptimizerState
 
 PyTree = Any
 
