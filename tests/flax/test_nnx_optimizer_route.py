@@ -9,11 +9,13 @@ import subprocess
 import sys
 import textwrap
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 from flax import nnx
+from jax.sharding import PartitionSpec as P
 
 import optcore
 import optcore_flax  # noqa: F401  (optcore reads nnx Variables once it is imported)
@@ -138,3 +140,36 @@ def test_the_read_out_functions_read_an_nnx_optimizers_state_with_its_definition
   np.testing.assert_array_equal(kernel(m), expected)
   read = optcore.current_hyper_params(optimizer.opt_state, optimizer_def=opt_def)
   assert float(read["learning_rate"]) == float(schedule(1))
+
+
+@pytest.mark.parametrize(
+  "opt_def",
+  [
+    optcore.adamw(0.1),
+    optcore.accumulate(optcore.adam(0.1), every=2),
+    optcore.legacy.Adam(0.1),
+    optcore.MultiOptimizer((r"kernel", optcore.adam(0.1))),
+  ],
+  ids=["adamw", "accumulate", "legacy.Adam", "multi"],
+)
+def test_the_moments_keep_the_parameters_sharding_metadata_as_optaxs_own_do(opt_def):
+  """Flax's own test_sharding_propagation: once optcore_flax was imported, as_optax() unboxed the
+  Variables before init and the moments lost the kernel's sharding (issue 42). Each moment that
+  has the kernel's shape now carries its metadata, as raw optax's adamw's do."""
+  with jax.set_mesh(jax.make_mesh((1, 1), ("a", "b"))):
+    init = nnx.with_partitioning(nnx.initializers.lecun_normal(), sharding=("a", "b"))
+    m = nnx.Linear(3, 2, rngs=nnx.Rngs(0), kernel_init=init, use_bias=False)
+
+    def sharded_specs(tx):
+      state = nnx.state(nnx.Optimizer(m, tx, wrt=nnx.Param))
+      specs = nnx.get_partition_spec(state)["opt_state"]
+      return [s for s in jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, P)) if s != P()]
+
+    assert sharded_specs(optax.adamw(0.1)) == [P("a", "b"), P("a", "b")]  # Flax's own test
+    ours = sharded_specs(opt_def.as_optax())
+    assert len(ours) >= 2 and all(spec == P("a", "b") for spec in ours)  # mu, nu (, the mean)
+    optimizer = nnx.Optimizer(m, opt_def.as_optax(), wrt=nnx.Param)
+    before = kernel(m)
+    for _ in range(2):
+      nnx.jit(lambda o, m, g: o.update(m, g))(optimizer, m, grads_of(m))
+    assert not np.array_equal(kernel(m), before)  # the boxed state still steps, under nnx.jit

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
+import numpy as np
 import optax
+from jax.sharding import PartitionSpec
 
 from optcore._src import paths, placement
 
@@ -32,18 +35,55 @@ def as_optax(optimizer_def: Any) -> optax.GradientTransformationExtraArgs:
   extra update arguments are ignored, as optax transformations that need none do."""
 
   def init_fn(params: PyTree) -> Any:
-    return optimizer_def.init_state(paths.unbox(params))
+    state = optimizer_def.init_state(paths.unbox(params))
+    return state.replace(
+      param_states=boxed_like_parameters(optimizer_def, state.param_states, params)
+    )
 
   def update_fn(updates: PyTree, state: Any, params: PyTree = None, **kwargs: Any):
     overrides, _ = split_update_arguments(kwargs)
     hyper_params = optimizer_def.update_hyper_params(**overrides)
     # params may be None where the definition needs none (accumulate of an optax definition,
     # as optax.MultiSteps takes it); compute_updates says so for one that does.
+    boxed, state = state, paths.unbox(state)
     state, on_host = placement.to_device(state)  # state_memory_kind="pinned_host"
-    updates, new_state = optimizer_def.compute_updates(hyper_params, params, state, updates)
-    return updates, placement.to_host(new_state, on_host)
+    updates, new_state = optimizer_def.compute_updates(
+      hyper_params, paths.unbox(params), state, paths.unbox(updates)
+    )
+    return updates, paths.rebox_like(placement.to_host(new_state, on_host), boxed)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def boxed_like_parameters(optimizer_def: Any, param_states: Any, params: PyTree) -> Any:
+  """``param_states`` with each parameter-shaped leaf boxed as its parameter is: an nnx Param's
+  moments keep its sharding metadata, as optax's own ``init`` of boxed parameters gives them,
+  so ``nnx.Optimizer`` reads the moments' partition specs from them. Unboxed parameters, or a
+  state whose axes the definition cannot derive, give ``param_states`` as they are."""
+  boxes, treedef = jax.tree.flatten(params, is_leaf=paths.is_box)
+  if not any(map(paths.is_box, boxes)):
+    return param_states
+  arrays = [paths.hidden_child(b)[0] if paths.is_box(b) else b for b in boxes]
+  # One token per dimension of each parameter: a state leaf that derives all of parameter i's
+  # tokens, in order, has parameter i's shape and layout.
+  tokens = [PartitionSpec(*(f"{i}/{d}" for d in range(np.ndim(a)))) for i, a in enumerate(arrays)]
+  try:
+    axes = optimizer_def.derive_param_states_axes(
+      param_states, treedef.unflatten(arrays), treedef.unflatten(tokens)
+    )
+  except Exception:
+    return param_states
+  leaves, state_treedef = jax.tree.flatten(param_states)
+  specs = [s for s in state_treedef.flatten_up_to(axes) if s is not None]
+  if len(specs) != len(leaves):
+    return param_states
+  owner = {tuple(t): i for i, t in enumerate(tokens) if len(t)}
+
+  def box(leaf: Any, spec: Any) -> Any:
+    i = owner.get(tuple(spec)) if isinstance(spec, PartitionSpec) else None
+    return leaf if i is None or not paths.is_box(boxes[i]) else paths.box_as(boxes[i], leaf)
+
+  return state_treedef.unflatten(list(map(box, leaves, specs)))
 
 
 class ExportMethods:

@@ -266,9 +266,13 @@ class MultiOptimizer(OptimizerDef):
     subs = [opt.as_optax() for opt in self.sub_optimizers]
 
     def init_fn(params: PyTree) -> tuple:
-      params = paths.unbox(params)
-      masks = self.masks(params, check=True)
-      return tuple(tx.init(_masked(params, m)) for tx, m in zip(subs, masks, strict=True))
+      masks = self.masks(paths.unbox(params), check=True)
+      # Each group's own init sees its parameters boxed (nnx Variables), so its moments keep
+      # their sharding metadata; a mask is a prefix of the boxed tree.
+      keep = lambda mask, x: x if mask else None
+      return tuple(
+        tx.init(jax.tree.map(keep, m, params)) for tx, m in zip(subs, masks, strict=True)
+      )
 
     def update_fn(updates: PyTree, state: tuple, params: PyTree = None, **kwargs):
       overrides, extra_args = split_update_arguments(kwargs)

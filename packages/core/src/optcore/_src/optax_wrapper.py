@@ -24,7 +24,7 @@ import optax.contrib
 from optcore._src import overrides, partition_rules, paths, serialization
 from optcore._src.base import OptimizerDef
 from optcore._src.checks import check_float_params
-from optcore._src.export import split_update_arguments
+from optcore._src.export import boxed_like_parameters, split_update_arguments
 from optcore._src.hyper_params import HyperParams, static_key
 from optcore._src.optimizer import OptimizerState
 
@@ -180,24 +180,32 @@ class OptaxWrapper(OptimizerDef):
 
   def as_optax(self) -> Any:
     """The wrapped optax transformation: exact, with optax's own state. Boxed
-    parameters (nnx Variables) are unboxed before ``init``, so the state holds
-    arrays, as ``update`` sees them. A hyper-parameter keyword of ``update``
-    (``learning_rate=lr``) is honoured for that step, an unknown one refused;
-    optax's extra arguments (``value``, ...) reach the transformation."""
+    parameters (nnx Variables) give a state whose parameter-shaped leaves are
+    boxed as their parameters (their sharding metadata kept), as optax's own
+    ``init`` gives it; ``update`` computes on arrays either way. A
+    hyper-parameter keyword of ``update`` (``learning_rate=lr``) is honoured for
+    that step, an unknown one refused; optax's extra arguments (``value``, ...)
+    reach the transformation."""
     tx = self.optax_optimizer
+
+    def init_fn(params: PyTree) -> Any:
+      return boxed_like_parameters(self, tx.init(paths.unbox(params)), params)
 
     def update_fn(updates: PyTree, state: Any, params: PyTree = None, **kwargs: Any):
       overrides, extra = split_update_arguments(kwargs)
+      boxed, state = state, paths.unbox(state)
+      updates, params = paths.unbox(updates), paths.unbox(params)
       if not overrides:
-        return optax.with_extra_args_support(tx).update(updates, state, params, **extra)
+        updates, new_state = optax.with_extra_args_support(tx).update(
+          updates, state, params, **extra
+        )
+        return updates, paths.rebox_like(new_state, boxed)
       hyper_params = self.update_hyper_params(**overrides)
       wrapped = OptimizerState(jnp.zeros((), jnp.int32), state)  # the step is not optax's
       updates, new_state = self.compute_updates(hyper_params, params, wrapped, updates, **extra)
-      return updates, new_state.param_states
+      return updates, paths.rebox_like(new_state.param_states, boxed)
 
-    return optax.GradientTransformationExtraArgs(
-      lambda params: tx.init(paths.unbox(params)), update_fn
-    )
+    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
   def why_not_elementwise(self) -> str | None:
     """None for the optax aliases whose update reads each element alone (see

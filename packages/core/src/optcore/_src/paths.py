@@ -133,6 +133,30 @@ def hidden_child(node: Any) -> tuple[Any, Any] | None:
   return children[0][1], treedef
 
 
+def is_box(node: Any) -> bool:
+  """A registered single-array wrapper (an nnx Variable around an array)."""
+  hidden = hidden_child(node)
+  return hidden is not None and children_with_keys(hidden[0]) is None
+
+
+def box_as(box: Any, value: Any) -> Any:
+  """``value`` in a wrapper of ``box``'s type and metadata (an nnx Param's sharding)."""
+  return hidden_child(box)[1].unflatten([value])
+
+
+def rebox_like(tree: Any, reference: Any) -> Any:
+  """``tree`` (arrays) with each leaf boxed where ``reference`` (the same structure, boxed) has a
+  box: the inverse of `unbox` for a state that came in boxed."""
+  if not _HIDDEN_LEVELS:
+    return tree
+  boxes = jax.tree.leaves(reference, is_leaf=is_box)
+  leaves, treedef = jax.tree.flatten(tree)
+  if len(boxes) != len(leaves) or not any(map(is_box, boxes)):
+    return tree
+  pairs = zip(boxes, leaves, strict=True)
+  return treedef.unflatten([box_as(b, x) if is_box(b) else x for b, x in pairs])
+
+
 def unbox(tree: Any) -> Any:
   """``tree`` with every registered single-array wrapper (an nnx Variable)
   replaced by its array; wrappers of whole subtrees (a treeo Tree) stay.
@@ -142,11 +166,6 @@ def unbox(tree: Any) -> Any:
   """
   if not _HIDDEN_LEVELS:
     return tree
-
-  def is_box(node: Any) -> bool:
-    hidden = hidden_child(node)
-    return hidden is not None and children_with_keys(hidden[0]) is None
-
   return jax.tree.map(lambda x: hidden_child(x)[0] if is_box(x) else x, tree, is_leaf=is_box)
 
 

@@ -1,0 +1,41 @@
+"""nnx.Optimizer over an optcore definition's as_optax() on an 8-device mesh: each moment is
+split as its parameter is (it was replicated whole on every device once optcore_flax was
+imported, issue 42), as raw optax's moments are."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+from jax.sharding import Mesh
+
+import optcore
+import optcore_flax  # noqa: F401  (optcore reads nnx Variables)
+
+
+@pytest.mark.parametrize(
+  "make_tx",
+  [
+    lambda: optax.adam(1e-2),
+    lambda: optcore.adam(1e-2).as_optax(),
+    lambda: optcore.legacy.Adam(1e-2).as_optax(),
+  ],
+  ids=["raw optax", "optcore.adam", "legacy.Adam"],
+)
+def test_each_moment_is_split_like_its_parameter(cpu_devices, make_tx):
+  mesh = Mesh(np.array(cpu_devices), ("model",))
+  with jax.set_mesh(mesh):
+    init = nnx.with_partitioning(nnx.initializers.lecun_normal(), sharding=(None, "model"))
+    model = nnx.Linear(16, 64, rngs=nnx.Rngs(0), kernel_init=init, use_bias=False)
+    optimizer = nnx.Optimizer(model, make_tx(), wrt=nnx.Param)
+  moments = [
+    leaf
+    for leaf in jax.tree.leaves(nnx.state(optimizer)["opt_state"])
+    if getattr(leaf, "shape", None) == (16, 64)
+  ]
+  assert len(moments) == 2
+  for moment in moments:
+    per_device = {s.data.nbytes for s in moment.addressable_shards}
+    assert per_device == {16 * 64 * 4 // 8}, per_device  # 512 bytes each, not 4096
