@@ -4,6 +4,7 @@
   `install_legacy_namespace` makes ``from flax import optim`` give it.
 * `optcore_flax.optimizers` and `optcore_flax.adafactor`: ``t5x.optimizers``
   and ``t5x.adafactor``.
+* `optcore_flax.nnx.Optimizer`: ``nnx.Optimizer`` over any optcore definition.
 * Linen logical partitioning in, optimizer axes and shardings out
   (`param_logical_axes`, `derive_logical_axes`, `optimizer_shardings`,
   `create_sharded`).
@@ -30,6 +31,7 @@ from flax import traverse_util as _traverse_util
 
 import optcore as _optcore
 from optcore_flax import adafactor as adafactor
+from optcore_flax import nnx as nnx
 from optcore_flax import optim as optim
 from optcore_flax import optimizers as optimizers
 from optcore_flax._linen import create_sharded as create_sharded
@@ -103,6 +105,7 @@ __all__ = [
   "create_sharded",
   "derive_logical_axes",
   "install_legacy_namespace",
+  "nnx",
   "optim",
   "optimizer_shardings",
   "optimizers",

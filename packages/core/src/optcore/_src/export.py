@@ -138,3 +138,31 @@ class ExportMethods:
     """
 
     return as_optax(self)
+
+  def from_optax_state(self, optax_state: Any, step: Any) -> Any:
+    """The `OptimizerState` (``init_state``'s layout, which state dicts, restores and read-outs
+    take) that ``optax_state``, the state of this definition's `as_optax`, holds; ``step`` is
+    the step count where that state keeps none (an ``nnx.Optimizer``'s ``step``).
+
+    Args:
+      optax_state: what ``as_optax().init``/``update`` returned, arrays unboxed.
+      step: the number of updates applied, for a state that does not count them.
+
+    Returns:
+      The `OptimizerState`.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> import optcore
+      >>> opt_def = optcore.adam(1e-3)
+      >>> tx_state = opt_def.as_optax().init({'w': jnp.ones(2)})
+      >>> state = opt_def.from_optax_state(tx_state, 0)
+      >>> sorted(opt_def.state_dict(None, state)['state']['param_states']['0'])
+      ['count', 'mu', 'nu']
+    """
+    del step  # the generic as_optax keeps the OptimizerState itself
+    return optax_state
+
+  def to_optax_state(self, state: Any) -> Any:
+    """The inverse of `from_optax_state`: ``state`` as this definition's `as_optax` keeps it."""
+    return state

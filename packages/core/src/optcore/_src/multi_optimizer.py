@@ -302,6 +302,39 @@ class MultiOptimizer(OptimizerDef):
   def keeps_ema(self) -> bool:
     return any(opt.keeps_ema() for opt in self.sub_optimizers)
 
+  def from_optax_state(self, optax_state: Any, step: Any) -> OptimizerState:
+    """One state per group from `as_optax`'s tuple (`OptimizerDef.from_optax_state`)."""
+    groups = [
+      opt.from_optax_state(sub, step)
+      for opt, sub in zip(self.sub_optimizers, optax_state, strict=True)
+    ]
+    shared = groups[0].step if groups else jnp.asarray(step, jnp.int32)
+    return OptimizerState(shared, tuple(g.param_states for g in groups))
+
+  def to_optax_state(self, state: OptimizerState) -> tuple:
+    return tuple(
+      opt.to_optax_state(sub)
+      for opt, sub in zip(self.sub_optimizers, self._group_states(state), strict=True)
+    )
+
+  def _group_states(self, state: Any) -> list[Any]:
+    """Each group's own state: from an `OptimizerState` (one per group in its ``param_states``,
+    the step shared), or from the tuple `as_optax` keeps (each group's ``as_optax()`` state)."""
+    if isinstance(state, OptimizerState):
+      return [OptimizerState(state.step, sub) for sub in state.param_states]
+    return list(state)
+
+  def current_hyper_params(self, state: Any) -> dict[str, jax.Array]:
+    """Per group, ``'0/learning_rate'``, ...: each at its group's own step (see
+    `OptimizerDef.current_hyper_params`); the state of `as_optax` (one state per group) too."""
+    if isinstance(state, OptimizerState):
+      return super().current_hyper_params(state)
+    return {
+      f"{i}/{name}": value
+      for i, (opt, sub) in enumerate(zip(self.sub_optimizers, state, strict=True))
+      for name, value in opt.current_hyper_params(sub).items()
+    }
+
   def ema_params(self, state: OptimizerState) -> PyTree:
     """The moving averages the groups keep (`optcore.ema` around a group's definition), in the
     parameters' structure, None where no group keeps one (the faces fill those with the
@@ -309,8 +342,8 @@ class MultiOptimizer(OptimizerDef):
     if self.per_parameter_state or not self.keeps_ema():
       return super().ema_params(state)
     averages = [
-      opt.ema_params(OptimizerState(state.step, sub))
-      for opt, sub in zip(self.sub_optimizers, state.param_states, strict=True)
+      opt.ema_params(sub)
+      for opt, sub in zip(self.sub_optimizers, self._group_states(state), strict=True)
       if opt.keeps_ema()
     ]
     first = lambda *xs: next((x for x in xs if x is not None), None)

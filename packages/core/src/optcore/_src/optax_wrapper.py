@@ -207,6 +207,13 @@ class OptaxWrapper(OptimizerDef):
 
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
+  def from_optax_state(self, optax_state: Any, step: Any) -> OptimizerState:
+    """optax's own state under the step (`OptimizerDef.from_optax_state`)."""
+    return OptimizerState(jnp.asarray(step, jnp.int32), optax_state)
+
+  def to_optax_state(self, state: OptimizerState) -> Any:
+    return state.param_states
+
   def why_not_elementwise(self) -> str | None:
     """None for the optax aliases whose update reads each element alone (see
     `ELEMENTWISE_OPTAX`) with no weight-decay mask; else why not."""

@@ -96,6 +96,9 @@ def ema_params(
   """
   opt_def, state, held = _source(optimizer, optimizer_def, "ema_params")
   average = opt_def.ema_params(_as_state(opt_def, state))
+  readout = getattr(optimizer, "readout_parameters", None)
+  if params is not None and callable(readout):  # a face whose model is not its state's shape
+    params = readout(params)
   params = held if params is None else params
   return average if params is None else fill_unaveraged(average, params)
 
@@ -142,8 +145,8 @@ def current_hyper_params(
 def _as_state(opt_def: OptimizerDef, state: Any) -> Any:
   """An `OptimizerState` as it is; the raw optax state a wrapped optax definition's
   ``as_optax()`` keeps is refused for an average (optax's own state keeps none)."""
-  if isinstance(state, OptimizerState) or not opt_def.keeps_ema():
-    return state
+  if isinstance(state, (OptimizerState, tuple)) or not opt_def.keeps_ema():
+    return state  # a tuple: a MultiOptimizer's as_optax() state, one per group
   raise TypeError(
     f"optcore.ema_params: expected the OptimizerState of {opt_def.display_name()} (opt.state, "
     f"or the opt_state of its as_optax()), found a {type(state).__name__}"

@@ -1,0 +1,236 @@
+"""optcore_flax.nnx.Optimizer: Flax's nnx.Optimizer, for any optcore definition, checked against
+Flax's own nnx.Optimizer over raw optax (the same numbers, the same nnx.state layout), and with
+what optcore adds under every face's names: overrides, ema_params, current_hyper_params, state
+dicts every face reads, transplant, and orbax checkpoints of nnx.state (issue 42)."""
+
+from __future__ import annotations
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+import pytest
+from flax import nnx
+
+import optcore
+from optcore_flax import nnx as ocnnx
+
+
+class MLP(nnx.Module):
+  def __init__(self, rngs):
+    self.hidden = nnx.Linear(3, 8, rngs=rngs)
+    self.out = nnx.Linear(8, 2, rngs=rngs)
+
+  def __call__(self, x):
+    return self.out(nnx.relu(self.hidden(x)))
+
+
+X = jnp.linspace(-1.0, 1.0, 12).reshape(4, 3)
+
+
+def grads_of(model):
+  return nnx.grad(lambda m: jnp.mean(m(X) ** 2))(model)
+
+
+def arrays(model):
+  return jax.tree.leaves(nnx.as_pure(nnx.state(model, nnx.Param)))
+
+
+def train(optimizer_cls, tx, steps=3, **update_kwargs):
+  model = MLP(nnx.Rngs(0))
+  optimizer = optimizer_cls(model, tx, wrt=nnx.Param)
+  step = nnx.jit(lambda m, o: o.update(m, grads_of(m), **update_kwargs))
+  for _ in range(steps):
+    step(model, optimizer)
+  return model, optimizer
+
+
+@pytest.mark.parametrize(
+  "ours,theirs",
+  [
+    (lambda: optcore.adamw(1e-2, weight_decay=1e-3), lambda: optax.adamw(1e-2, weight_decay=1e-3)),
+    (lambda: optcore.sgd(0.1, momentum=0.9), lambda: optax.sgd(0.1, momentum=0.9)),
+    (lambda: optax.lion(1e-3), lambda: optax.lion(1e-3)),  # a plain optax transformation
+  ],
+  ids=["adamw", "sgd-momentum", "optax-lion"],
+)
+def test_the_same_numbers_and_state_layout_as_flaxs_own_optimizer(ours, theirs):
+  model, optimizer = train(ocnnx.Optimizer, ours())
+  flax_model, flax_optimizer = train(nnx.Optimizer, theirs())
+  for got, want in zip(arrays(model), arrays(flax_model), strict=True):
+    np.testing.assert_array_equal(got, want)
+  ours_state = nnx.state(optimizer)
+  theirs_state = nnx.state(flax_optimizer)
+  assert set(ours_state) == set(theirs_state) == {"step", "opt_state"}
+  assert jax.tree.structure(ours_state) == jax.tree.structure(theirs_state)
+  assert int(optimizer.step[...]) == 3
+  assert isinstance(optimizer, nnx.Optimizer)  # code that checks for Flax's class takes it
+
+
+def test_an_override_takes_effect_for_its_step_and_a_misspelt_one_is_refused():
+  model = MLP(nnx.Rngs(0))
+  optimizer = ocnnx.Optimizer(model, optcore.adamw(1e-2), wrt=nnx.Param)
+  before = arrays(model)
+  step = nnx.jit(lambda m, o, lr: o.update(m, grads_of(m), learning_rate=lr))
+  step(model, optimizer, 0.0)
+  for got, want in zip(arrays(model), before, strict=True):
+    np.testing.assert_array_equal(got, want)  # a learning rate of zero moves nothing
+  step(model, optimizer, 1e-2)
+  assert not np.array_equal(arrays(model)[0], before[0])
+  with pytest.raises(TypeError, match="lerning_rate"):
+    optimizer.update(model, grads_of(model), lerning_rate=0.1)
+
+
+def test_the_moving_average_is_an_nnx_state_the_model_takes():
+  decay = 0.5
+  model = MLP(nnx.Rngs(0))
+  start = arrays(model)
+  optimizer = ocnnx.Optimizer(model, optcore.ema(optcore.sgd(0.1), decay), wrt=nnx.Param)
+  optimizer.update(model, grads_of(model))
+  average = optimizer.ema_params(model)
+  assert isinstance(average, nnx.State)
+  for got, old, new in zip(jax.tree.leaves(average), start, arrays(model), strict=True):
+    np.testing.assert_allclose(got, decay * old + (1 - decay) * new, rtol=1e-6)
+  assert jax.tree.structure(optcore.ema_params(optimizer, model)) == jax.tree.structure(average)
+  nnx.update(model, average)
+  for got, want in zip(arrays(model), jax.tree.leaves(average), strict=True):
+    np.testing.assert_array_equal(got, want)
+
+
+def test_a_groups_average_comes_back_with_the_other_variables_as_they_are():
+  model = MLP(nnx.Rngs(0))
+  multi = optcore.MultiOptimizer(
+    (r"hidden", optcore.ema(optcore.sgd(0.1), 0.5)), (r"out", optcore.sgd(0.1))
+  )
+  optimizer = ocnnx.Optimizer(model, multi, wrt=nnx.Param)
+  optimizer.update(model, grads_of(model))
+  average = optimizer.ema_params(model)
+  np.testing.assert_array_equal(average["out"]["kernel"], model.out.kernel[...])
+  assert not np.array_equal(average["hidden"]["kernel"], model.hidden.kernel[...])
+
+
+def test_current_hyper_params_reads_the_schedule_at_the_step():
+  schedule = optax.exponential_decay(1.0, 1, 0.5)
+  _, optimizer = train(ocnnx.Optimizer, optcore.sgd(schedule), steps=2)
+  assert float(optimizer.current_hyper_params()["learning_rate"]) == float(schedule(2))
+  assert float(optcore.current_hyper_params(optimizer)["learning_rate"]) == float(schedule(2))
+
+
+def test_a_state_dict_moves_to_another_face_and_back():
+  model, optimizer = train(ocnnx.Optimizer, optcore.adam(1e-2))
+  written = optimizer.state_dict()
+  params = nnx.as_pure(nnx.state(model, nnx.Param))
+  # The core face reads the same 'state'.
+  core = optcore.adam(1e-2).create(params)
+  core = core.restore_state({"target": params, **written})
+  np.testing.assert_array_equal(
+    core.state.param_states[0].mu["hidden"]["kernel"],
+    optimizer.state.param_states[0].mu["hidden"]["kernel"],
+  )
+  fresh = ocnnx.Optimizer(MLP(nnx.Rngs(1)), optcore.adam(1e-2), wrt=nnx.Param)
+  fresh.restore_state(core.state_dict())
+  for got, want in zip(jax.tree.leaves(fresh.state), jax.tree.leaves(optimizer.state), strict=True):
+    np.testing.assert_array_equal(got, want)
+  with pytest.raises(optcore.StateDictError):
+    fresh.restore_state({"state": {"step": 0, "param_states": {}}})
+  for got, want in zip(jax.tree.leaves(fresh.state), jax.tree.leaves(optimizer.state), strict=True):
+    np.testing.assert_array_equal(got, want)  # a failed restore changed nothing
+
+
+def test_transplant_keeps_the_moments_that_still_fit():
+  model, optimizer = train(ocnnx.Optimizer, optcore.adam(1e-2))
+  target = ocnnx.Optimizer(model, optcore.adamw(1e-2), wrt=nnx.Param)
+  report = target.transplant(optimizer.state_dict(), model)
+  assert "kept" in str(report)
+  np.testing.assert_array_equal(
+    target.state.param_states[0].mu["out"]["kernel"],
+    optimizer.state.param_states[0].mu["out"]["kernel"],
+  )
+  with pytest.raises(TypeError, match="needs the model"):
+    target.transplant(optimizer.state_dict())
+
+
+def test_nnx_state_checkpoints_with_orbax_and_resumes_exactly(tmp_path):
+  model, optimizer = train(ocnnx.Optimizer, optcore.ema(optcore.adam(1e-2), 0.9))
+  checkpointer = ocp.StandardCheckpointer()
+  checkpointer.save(tmp_path / "opt", nnx.state(optimizer))
+  checkpointer.wait_until_finished()
+  fresh_model = MLP(nnx.Rngs(0))
+  nnx.update(fresh_model, nnx.state(model))
+  resumed = ocnnx.Optimizer(fresh_model, optcore.ema(optcore.adam(1e-2), 0.9), wrt=nnx.Param)
+  abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, nnx.state(resumed))
+  nnx.update(resumed, checkpointer.restore(tmp_path / "opt", abstract))
+  for o, m in ((optimizer, model), (resumed, fresh_model)):
+    o.update(m, grads_of(m))
+  for got, want in zip(arrays(fresh_model), arrays(model), strict=True):
+    np.testing.assert_array_equal(got, want)
+
+
+def test_wrt_left_out_is_nnx_param_with_a_deprecation_warning():
+  model = MLP(nnx.Rngs(0))
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    optimizer = ocnnx.Optimizer(model, optcore.sgd(0.1))
+  assert any(issubclass(w.category, DeprecationWarning) for w in caught)
+  assert optimizer.wrt is nnx.Param
+
+
+def test_a_grouped_definition_or_a_string_is_refused_with_the_fix():
+  model = MLP(nnx.Rngs(0))
+  with pytest.raises(TypeError, match=r"optcore_flax\.nnx\.Optimizer"):
+    ocnnx.Optimizer(model, "adam", wrt=nnx.Param)
+  with pytest.raises(TypeError, match="grouped"):
+    ocnnx.Optimizer(model, optcore.grouped(optcore.adam(1e-2)), wrt=nnx.Param)
+
+
+def test_split_merge_and_jax_jit_keep_it_an_optimizer():
+  model = MLP(nnx.Rngs(0))
+  optimizer = ocnnx.Optimizer(model, optcore.adam(1e-2), wrt=nnx.Param)
+  graphdef, state = nnx.split((model, optimizer))
+
+  @jax.jit
+  def step(state):
+    model, optimizer = nnx.merge(graphdef, state)
+    optimizer.update(model, grads_of(model))
+    return nnx.state((model, optimizer))
+
+  state = step(step(state))
+  model, optimizer = nnx.merge(graphdef, state)
+  assert isinstance(optimizer, ocnnx.Optimizer) and int(optimizer.step[...]) == 2
+
+
+@pytest.mark.parametrize(
+  "make",
+  [
+    lambda: optcore.adam(1e-2),
+    lambda: optcore.legacy.Adam(1e-2),
+    lambda: optcore.accumulate(optcore.adam(1e-2), every=2),
+    lambda: optcore.MultiOptimizer(
+      (r"hidden", optcore.ema(optcore.adam(1e-2), 0.9)), (r"out", optcore.legacy.Momentum(0.1))
+    ),
+  ],
+  ids=["optax", "legacy", "wrapper", "multi"],
+)
+def test_the_face_steps_as_the_core_face_does_and_its_state_dict_is_the_cores(make):
+  """The same definition in the core face (apply_gradient on the same gradients) gives the same
+  parameters and the same state dict: the nnx face is a translation, not an algorithm."""
+  model, optimizer = train(ocnnx.Optimizer, make())
+  params = nnx.as_pure(nnx.state(MLP(nnx.Rngs(0)), nnx.Param))
+  core = make().create(params)
+  for _ in range(3):
+    core = core.apply_gradient(nnx.as_pure(grads_of(_with(core.target))))
+  for got, want in zip(arrays(model), jax.tree.leaves(core.target), strict=True):
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+  ours, theirs = optimizer.state_dict()["state"], core.state_dict()["state"]
+  assert jax.tree.structure(ours) == jax.tree.structure(theirs)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), ours, theirs)
+
+
+def _with(params):
+  """An MLP holding ``params``, for its gradients."""
+  model = MLP(nnx.Rngs(0))
+  nnx.update(model, params)
+  return model
