@@ -36,6 +36,8 @@ from flax import nnx
 import optcore
 from optcore import adapter
 
+__all__ = ["Optimizer"]
+
 PyTree = Any
 _MISSING: Any = object()
 
