@@ -13,6 +13,7 @@ from jax.sharding import Mesh
 
 import optcore
 import optcore_flax  # noqa: F401  (optcore reads nnx Variables)
+from optcore_flax import nnx as ocnnx
 
 
 @pytest.mark.parametrize(
@@ -39,3 +40,26 @@ def test_each_moment_is_split_like_its_parameter(cpu_devices, make_tx):
   for moment in moments:
     per_device = {s.data.nbytes for s in moment.addressable_shards}
     assert per_device == {16 * 64 * 4 // 8}, per_device  # 512 bytes each, not 4096
+
+
+@pytest.mark.parametrize(
+  "make_def",
+  [lambda: optcore.adam(1e-2), lambda: optcore.ema(optcore.legacy.Adam(1e-2), 0.9)],
+  ids=["adam", "ema(legacy.Adam)"],
+)
+def test_the_nnx_face_splits_its_moments_and_keeps_them_split_through_a_step(cpu_devices, make_def):
+  mesh = Mesh(np.array(cpu_devices), ("model",))
+  with jax.set_mesh(mesh):
+    init = nnx.with_partitioning(nnx.initializers.lecun_normal(), sharding=(None, "model"))
+    model = nnx.Linear(16, 64, rngs=nnx.Rngs(0), kernel_init=init, use_bias=False)
+    optimizer = ocnnx.Optimizer(model, make_def(), wrt=nnx.Param)
+    grads = nnx.grad(lambda m: (m(np.ones((2, 16), np.float32)) ** 2).mean())(model)
+    nnx.jit(lambda o, m, g: o.update(m, g))(optimizer, model, grads)
+  split = [
+    leaf
+    for leaf in jax.tree.leaves(nnx.state(optimizer)["opt_state"])
+    if getattr(leaf, "shape", None) == (16, 64)
+  ]
+  assert len(split) >= 2  # the moments (and the average)
+  for leaf in split:
+    assert {s.data.nbytes for s in leaf.addressable_shards} == {16 * 64 * 4 // 8}
