@@ -231,14 +231,15 @@ def demo(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
   """optcore against raw optax for every face (step time, eager, compile, memory,
-  bandwidth), the Equinox filter_jit loop, the grouped layout's full train steps,
-  sharded state memory and ZeRO-1 on 8 devices, host offload, mixed-precision state and
-  accumulation (training_at_scale.py); writes Markdown and JSON reports
-  to benchmarks/results/."""
+  bandwidth), the Equinox filter_jit loop, the NNX face against nnx.Optimizer, the grouped
+  layout's full train steps, sharded state memory and ZeRO-1 on 8 devices, host offload,
+  mixed-precision state and accumulation (training_at_scale.py); writes Markdown and JSON
+  reports to benchmarks/results/."""
   sync(session, None, "checkpoint")  # training_at_scale.py imports the demo, which saves with orbax
   session.run("python", "benchmarks/suite.py", *session.posargs)
   session.run("python", "benchmarks/grouped.py", *session.posargs)
   session.run("python", "benchmarks/equinox_step.py", *session.posargs)
+  session.run("python", "benchmarks/nnx_step.py", *session.posargs)
   session.run("python", "benchmarks/state_memory.py", env=EIGHT_CPU_DEVICES)
   session.run("python", "benchmarks/zero1.py", env=EIGHT_CPU_DEVICES)
   session.run("python", "benchmarks/training_at_scale.py", *session.posargs)
