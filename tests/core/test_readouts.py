@@ -121,3 +121,10 @@ def test_wrong_sources_are_refused_with_the_fix():
     optcore.ema_params(optcore.sgd(0.1).create(PARAMS))  # no average: how to keep one
   with pytest.raises(TypeError, match=r"optimizer_def must be the optcore definition"):
     optcore.current_hyper_params(opt.state, optimizer_def=optax.sgd(0.1))
+
+
+def test_a_grouped_optimizers_missing_average_points_at_the_ungrouped_definition():
+  """The hint was optcore.ema(grouped(...)), which is refused; it names the ungrouped one."""
+  opt = optcore.grouped(optcore.adam(0.1)).create(PARAMS)
+  with pytest.raises(TypeError, match=r"grouped definition cannot keep one.*optcore\.ema\(adam"):
+    optcore.ema_params(opt)

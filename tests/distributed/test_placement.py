@@ -84,3 +84,19 @@ def test_a_placement_is_hashable_and_compares_by_value(mesh):
   b = optcore.Placement(mesh, [list(r) for r in RULES], state_axis="data")
   assert a == b and hash(a) == hash(b)
   assert a != optcore.Placement(mesh, RULES)
+
+
+def test_rules_in_another_shape_are_read_or_refused_by_entry(mesh):
+  """A dict of rules was taken character by character (('e', 'm', 'b', ...)); it is read as its
+  items, lists as tuples, and anything else is refused naming the entry."""
+  assert optcore.Placement(mesh, {"embed": None, "mlp": "model"}).logical_axis_rules == (
+    ("embed", None),
+    ("mlp", "model"),
+  )
+  assert optcore.Placement(mesh, [["mlp", ["data", "model"]]]).logical_axis_rules == (
+    ("mlp", ("data", "model")),
+  )
+  with pytest.raises(TypeError, match=r"logical_axis_rules must be .* pairs"):
+    optcore.Placement(mesh, "embed")
+  with pytest.raises(TypeError, match=r"logical_axis_rules\[1\] is \('mlp',\)"):
+    optcore.Placement(mesh, [("embed", None), ("mlp",)])

@@ -310,6 +310,13 @@ class OptimizerDef(
 
     Raises TypeError for a definition that keeps none (wrap it: ``optcore.ema(opt_def)``).
     """
+    if self.groups_parameters:  # ema keeps parameter-shaped state, which grouped cannot
+      raise TypeError(
+        f"{self.display_name()} keeps no moving average of the parameters, and a grouped "
+        "definition cannot keep one (its parameters live in buffers of its own layout): use "
+        f"the ungrouped definition in optcore.ema({getattr(self, 'optimizer_def', self)!r}, "
+        "decay=0.999)"
+      )
     raise TypeError(
       f"{self.display_name()} keeps no moving average of the parameters: wrap the definition, "
       f"optcore.ema({self!r}, decay=0.999), to keep one"

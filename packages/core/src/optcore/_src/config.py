@@ -416,7 +416,8 @@ def _wrapper(name: str, args: Mapping[str, Any], path: str) -> OptimizerDef:
   try:
     return cls(inner, **{k: v for k, v in args.items() if k != "optimizer"})
   except (TypeError, ValueError) as e:
-    raise ConfigError(f"at {path or 'config'!r}: {name}: {e}") from None
+    said = str(e) if str(e).startswith(name) else f"{name}: {e}"  # its own name once
+    raise ConfigError(f"at {path or 'config'!r}: {said}") from None
 
 
 def _chain(args: Mapping[str, Any], path: str) -> OptaxWrapper:

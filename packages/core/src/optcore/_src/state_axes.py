@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypedDict, Unpack
 
 import jax
@@ -22,6 +22,27 @@ from optcore._src.optimizer import Optimizer, OptimizerState
 
 PyTree = Any
 LogicalAxisRules = Sequence[tuple[str, Any]]
+
+
+def _rules(rules: Any) -> tuple[tuple[str, Any], ...]:
+  """Flax-format ``(logical_name, mesh_axes)`` pairs as a tuple (a dict's items too); anything
+  else is refused, naming the entry."""
+  if isinstance(rules, Mapping):
+    rules = rules.items()
+  if isinstance(rules, (str, bytes)) or not isinstance(rules, Iterable):
+    raise TypeError(
+      f"logical_axis_rules must be (logical_name, mesh_axes) pairs, Flax's format, e.g. "
+      f"[('embed', None), ('mlp', 'model')]; found {rules!r}"
+    )
+  out = []
+  for i, rule in enumerate(rules):
+    if not (isinstance(rule, (tuple, list)) and len(rule) == 2 and isinstance(rule[0], str)):
+      raise TypeError(
+        f"logical_axis_rules[{i}] is {rule!r}: each rule is a (logical_name, mesh_axes) pair, "
+        f"e.g. ('mlp', 'model') or ('embed', None)"
+      )
+    out.append((rule[0], tuple(rule[1]) if isinstance(rule[1], list) else rule[1]))
+  return tuple(out)
 
 
 class StatePlacement(TypedDict, total=False):
@@ -88,7 +109,7 @@ class Placement:
     if not isinstance(self.mesh, Mesh):
       raise TypeError(f"mesh must be a jax.sharding.Mesh, found {type(self.mesh).__name__}")
     if self.logical_axis_rules is not None:  # hashable, so a placement can be a static argument
-      object.__setattr__(self, "logical_axis_rules", tuple(map(tuple, self.logical_axis_rules)))
+      object.__setattr__(self, "logical_axis_rules", _rules(self.logical_axis_rules))
     if self.state_axis is not None and self.state_axis not in self.mesh.axis_names:
       raise partition_rules.PartitionRuleError(
         f"state_axis={self.state_axis!r} is not an axis of the mesh, whose axes are "
