@@ -5,8 +5,6 @@ dicts every face reads, transplant, and orbax checkpoints of nnx.state (issue 42
 
 from __future__ import annotations
 
-import warnings
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -169,13 +167,50 @@ def test_nnx_state_checkpoints_with_orbax_and_resumes_exactly(tmp_path):
     np.testing.assert_array_equal(got, want)
 
 
-def test_wrt_left_out_is_nnx_param_with_a_deprecation_warning():
+def test_wrt_left_out_is_flaxs_pre_011_optimizer_with_a_deprecation_warning():
+  """Flax before 0.11: ``nnx.Optimizer(model, tx)`` trained nnx.Param, held the model and took
+  ``update(grads)``; the face still does, warning, with the numbers of the current form."""
+  model, current = MLP(nnx.Rngs(0)), MLP(nnx.Rngs(0))
+  with pytest.warns(DeprecationWarning, match="pass wrt=nnx.Param"):
+    optimizer = ocnnx.Optimizer(model, optcore.adam(1e-2))
+  assert optimizer.wrt is nnx.Param and optimizer.model is model
+  reference = ocnnx.Optimizer(current, optcore.adam(1e-2), wrt=nnx.Param)
+  for _ in range(2):
+    optimizer.update(grads_of(model))
+    reference.update(current, grads_of(current))
+  for got, want in zip(arrays(model), arrays(current), strict=True):
+    np.testing.assert_array_equal(got, want)
+
+
+def test_update_without_grads_on_an_optimizer_that_holds_no_model_says_what_to_pass():
   model = MLP(nnx.Rngs(0))
-  with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
-    optimizer = ocnnx.Optimizer(model, optcore.sgd(0.1))
-  assert any(issubclass(w.category, DeprecationWarning) for w in caught)
-  assert optimizer.wrt is nnx.Param
+  optimizer = ocnnx.Optimizer(model, optcore.sgd(0.1), wrt=nnx.Param)
+  with pytest.raises(TypeError, match=r"update\(model, grads\).*ModelAndOptimizer"):
+    optimizer.update(grads_of(model))
+
+
+def test_model_and_optimizer_holds_its_model_and_takes_overrides():
+  model = MLP(nnx.Rngs(0))
+  state = ocnnx.ModelAndOptimizer(model, optcore.sgd(0.1))
+  assert isinstance(state, ocnnx.Optimizer) and isinstance(state, nnx.Optimizer)
+  before = arrays(model)
+  state.update(grads_of(model), learning_rate=0.0)
+  for got, want in zip(arrays(model), before, strict=True):
+    np.testing.assert_array_equal(got, want)
+  state.update(grads_of(model))
+  assert int(state.step[...]) == 2 and not np.array_equal(arrays(model)[0], before[0])
+
+
+def test_the_module_stands_in_for_flax_nnx():
+  """``from optcore_flax import nnx`` in place of ``from flax import nnx``: the optimizers are
+  the face's, every other name Flax's own object."""
+  assert ocnnx.Optimizer is not nnx.Optimizer and issubclass(ocnnx.Optimizer, nnx.Optimizer)
+  assert ocnnx.ModelAndOptimizer is not nnx.ModelAndOptimizer
+  for name in ("Linear", "jit", "grad", "state", "split", "merge", "Param", "Rngs", "Variable"):
+    assert getattr(ocnnx, name) is getattr(nnx, name), name
+  assert {"Linear", "Optimizer", "ModelAndOptimizer"} <= set(dir(ocnnx))
+  with pytest.raises(AttributeError, match=r"'optcore_flax\.nnx' has no attribute 'Optimiser'"):
+    _ = ocnnx.Optimiser
 
 
 def test_a_grouped_definition_or_a_string_is_refused_with_the_fix():

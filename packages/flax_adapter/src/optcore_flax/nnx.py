@@ -10,6 +10,12 @@ recompile per value, a misspelt one refused), ``ema_params``, ``current_hyper_pa
 their parameters' partitioning metadata (``nnx.with_partitioning``), so they are sharded as the
 parameters are.
 
+The module stands in for ``flax.nnx`` itself: every other name (``nnx.Linear``, ``nnx.jit``,
+``nnx.state``, ...) is ``flax.nnx``'s, so a program written against ``nnx.Optimizer`` runs on
+optcore with one line changed, ``from flax import nnx`` to ``from optcore_flax import nnx``.
+`ModelAndOptimizer` is Flax's class of that name (the optimizer that holds its model) over the
+face.
+
 Example:
   >>> import jax, jax.numpy as jnp
   >>> from flax import nnx
@@ -36,7 +42,7 @@ from flax import nnx
 import optcore
 from optcore import adapter
 
-__all__ = ["Optimizer"]
+__all__ = ["ModelAndOptimizer", "Optimizer"]
 
 PyTree = Any
 _MISSING: Any = object()
@@ -51,8 +57,9 @@ class Optimizer(nnx.Optimizer):
       whose selectors are path regexes or nnx filters, any wrapper), or an
       optax ``GradientTransformation``.
     wrt: the nnx filter of the trained variables (``nnx.Param``). Required,
-      as in current Flax; left out, ``nnx.Param`` is used with a
-      ``DeprecationWarning`` (Flax before 0.11 defaulted to it).
+      as in current Flax; left out, the optimizer behaves as Flax's before
+      0.11 did, with a ``DeprecationWarning``: it trains ``nnx.Param`` and
+      holds the model (``optimizer.model``), so ``update(grads)`` works.
 
   Raises:
     TypeError: ``tx`` is neither a definition nor an optax transformation,
@@ -72,10 +79,12 @@ class Optimizer(nnx.Optimizer):
   """
 
   def __init__(self, model: Any, tx: Any, *, wrt: Any = _MISSING, **kwargs: Any):
-    if wrt is _MISSING:
+    holds_model = wrt is _MISSING
+    if holds_model:
       warnings.warn(
-        "optcore_flax.nnx.Optimizer without wrt= trains nnx.Param, as Flax before 0.11 did; "
-        "current Flax requires it: pass wrt=nnx.Param.",
+        "optcore_flax.nnx.Optimizer without wrt= trains nnx.Param and holds the model, as Flax "
+        "before 0.11 did (update(grads)); current Flax requires wrt: pass wrt=nnx.Param and "
+        "call update(model, grads), or use ModelAndOptimizer.",
         DeprecationWarning,
         stacklevel=2,
       )
@@ -83,6 +92,37 @@ class Optimizer(nnx.Optimizer):
     optimizer_def = adapter.as_definition(tx, "optcore_flax.nnx.Optimizer")
     self.optimizer_def = optimizer_def
     super().__init__(model, optimizer_def.as_optax(), wrt=wrt, **kwargs)
+    if holds_model:
+      self.model = model
+
+  def update(self, model: Any, grads: Any = _MISSING, /, **kwargs: Any) -> Any:
+    """Applies ``grads`` to ``model``'s ``wrt`` variables and advances the state, as
+    ``nnx.Optimizer.update`` does; keywords are hyper-parameter overrides for this step
+    (``learning_rate=lr``) or optax's extra arguments (``value``, ``grad``, ``value_fn``).
+
+    Args:
+      model: the module the gradients are for (an optimizer made without ``wrt``, the
+        pre-0.11 form, holds it: ``update(grads)``).
+      grads: the gradients, as ``nnx.grad`` gives them.
+      **kwargs: overrides, or optax's extra arguments.
+
+    Returns:
+      The updates applied, in the structure of ``model``'s ``wrt`` state.
+
+    Raises:
+      TypeError: ``grads`` missing on an optimizer that does not hold its model; a keyword
+        that is no hyper-parameter of the definition.
+    """
+    if grads is _MISSING:
+      held = vars(self).get("model")
+      if held is None:
+        raise TypeError(
+          "Missing required argument `grads`: update(model, grads), as Flax 0.11 and later "
+          "take it. An optimizer made without wrt= (the pre-0.11 form) holds its model and "
+          "takes update(grads); so does ModelAndOptimizer."
+        )
+      model, grads = held, model
+    return super().update(model, grads, **kwargs)
 
   @property
   def state(self) -> optcore.OptimizerState:
@@ -157,6 +197,48 @@ class Optimizer(nnx.Optimizer):
       raise optcore.StateDictError("the restored state does not fit this optimizer's variables")
     for variable, value in zip(variables, values, strict=True):
       variable.set_value(value)
+
+
+class ModelAndOptimizer(Optimizer):
+  """Flax's ``nnx.ModelAndOptimizer`` over the face: the optimizer holds its model
+  (``optimizer.model``) and takes ``update(grads, **kwargs)``. Flax marks the class
+  deprecated; it is here so that programs using it change only their import line.
+
+  Args:
+    model: the NNX module trained.
+    tx: an optcore definition or an optax transformation.
+    wrt: the nnx filter of the trained variables (``nnx.Param``).
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> import optcore
+    >>> from optcore_flax import nnx
+    >>> state = nnx.ModelAndOptimizer(nnx.Linear(2, 1, rngs=nnx.Rngs(0)), optcore.sgd(0.1))
+    >>> grads = nnx.grad(lambda m: jnp.sum(m(jnp.ones((1, 2)))))(state.model)
+    >>> _ = state.update(grads)
+    >>> int(state.step[...])
+    1
+  """
+
+  def __init__(self, model: Any, tx: Any, *, wrt: Any = nnx.Param, **kwargs: Any):
+    super().__init__(model, tx, wrt=wrt, **kwargs)
+    self.model = model
+
+  def update(self, grads: Any, /, **kwargs: Any) -> Any:  # type: ignore[override]
+    """``Optimizer.update(self.model, grads, **kwargs)``."""
+    return super().update(self.model, grads, **kwargs)
+
+
+def __getattr__(name: str) -> Any:
+  """Every other name is ``flax.nnx``'s: the module stands in for it."""
+  try:
+    return getattr(nnx, name)
+  except AttributeError:
+    raise AttributeError(f"module 'optcore_flax.nnx' has no attribute {name!r}") from None
+
+
+def __dir__() -> list[str]:
+  return sorted(set(globals()) | set(dir(nnx)))
 
 
 def _is_variable(x: Any) -> bool:
