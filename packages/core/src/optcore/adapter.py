@@ -10,6 +10,9 @@ same errors, and writes the same state dicts.
 - `step`: the gradient checks, the hyper-parameters for this step (every
   override refusal included), and the update (new parameters, or optax-style
   updates with ``apply_updates=False``).
+- `split_update_arguments`: an ``update``'s keywords as hyper-parameter overrides and
+  optax's extra arguments (``value``, ``grad``, ``value_fn``), for a face whose ``update``
+  takes both, as ``nnx.Optimizer``'s does.
 - `state_dict` / `restore_state`: the state alone, ``{'state': {'step',
   'param_states'}}``, readable by every face (a core or Flax optimizer's
   ``'target'`` is ignored on restore).
@@ -41,6 +44,7 @@ Example:
   (Array([0.5, 0.5], dtype=float32), ['param_states', 'step'])
 """
 
+from optcore._src.export import split_update_arguments as split_update_arguments
 from optcore._src.optax_wrapper import as_definition as as_definition
 from optcore._src.optimizer import fill_unaveraged as fill_unaveraged
 from optcore._src.serialization import key_data_for_export as key_data_for_export
@@ -59,6 +63,7 @@ __all__ = [
   "fill_unaveraged",
   "key_data_for_export",
   "restore_state",
+  "split_update_arguments",
   "state_dict",
   "state_logical_axes",
   "state_shardings",

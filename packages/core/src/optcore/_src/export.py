@@ -23,7 +23,21 @@ OPTAX_EXTRA_ARGS = frozenset({"value", "grad", "value_fn"})
 
 
 def split_update_arguments(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-  """``(hyper_param_overrides, optax_extra_args)`` from the keywords of an ``update``."""
+  """``(hyper_param_overrides, optax_extra_args)`` from the keywords of an ``update``:
+  optax's extra arguments are ``value``, ``grad`` and ``value_fn``; every other keyword is an
+  override, for `step` to honour or refuse.
+
+  Args:
+    kwargs: the keywords an ``update`` was given.
+
+  Returns:
+    ``(overrides, extra_args)``, two dicts.
+
+  Example:
+    >>> from optcore import adapter
+    >>> adapter.split_update_arguments({'learning_rate': 0.1, 'value': 2.0})
+    ({'learning_rate': 0.1}, {'value': 2.0})
+  """
   extra = {k: v for k, v in kwargs.items() if k in OPTAX_EXTRA_ARGS}
   return {k: v for k, v in kwargs.items() if k not in OPTAX_EXTRA_ARGS}, extra
 
@@ -163,6 +177,9 @@ class ExportMethods:
     del step  # the generic as_optax keeps the OptimizerState itself
     return optax_state
 
-  def to_optax_state(self, state: Any) -> Any:
-    """The inverse of `from_optax_state`: ``state`` as this definition's `as_optax` keeps it."""
+  def to_optax_state(self, state: Any, like: Any = None) -> Any:
+    """The inverse of `from_optax_state`: ``state`` as this definition's `as_optax` keeps it.
+    ``like`` is a state of `as_optax` for the same parameters, where the layout needs it (a
+    `MultiOptimizer` of flax.optim's per-parameter definitions)."""
+    del like
     return state

@@ -303,18 +303,41 @@ class MultiOptimizer(OptimizerDef):
     return any(opt.keeps_ema() for opt in self.sub_optimizers)
 
   def from_optax_state(self, optax_state: Any, step: Any) -> OptimizerState:
-    """One state per group from `as_optax`'s tuple (`OptimizerDef.from_optax_state`)."""
+    """One state per group from `as_optax`'s tuple (`OptimizerDef.from_optax_state`); groups
+    of flax.optim's per-parameter definitions joined into one tree in the parameters'
+    structure, as `init_state` lays them out."""
     groups = [
       opt.from_optax_state(sub, step)
       for opt, sub in zip(self.sub_optimizers, optax_state, strict=True)
     ]
     shared = groups[0].step if groups else jnp.asarray(step, jnp.int32)
+    if self.per_parameter_state:  # each group's tree is None where another group's leaves are
+      return OptimizerState(shared, _overlay([g.param_states for g in groups]))
     return OptimizerState(shared, tuple(g.param_states for g in groups))
 
-  def to_optax_state(self, state: OptimizerState) -> tuple:
+  def to_optax_state(self, state: OptimizerState, like: Any = None) -> tuple:
+    """The inverse of `from_optax_state`. A per-parameter layout is split by ``like``, a state
+    of this definition's `as_optax` for the same parameters (which group holds which leaf).
+
+    Raises:
+      TypeError: a per-parameter layout without ``like``.
+    """
+    if self.per_parameter_state:
+      if like is None:
+        raise TypeError(
+          "to_optax_state of a MultiOptimizer of per-parameter definitions needs like=, a "
+          "state of its as_optax() for the same parameters (it says which group holds which)."
+        )
+      templates = [self.sub_optimizers[i].from_optax_state(sub, 0).param_states
+                   for i, sub in enumerate(like)]  # fmt: skip
+      groups = [
+        OptimizerState(state.step, _take(state.param_states, i, templates))
+        for i in range(len(templates))
+      ]
+    else:
+      groups = self._group_states(state)
     return tuple(
-      opt.to_optax_state(sub)
-      for opt, sub in zip(self.sub_optimizers, self._group_states(state), strict=True)
+      opt.to_optax_state(sub) for opt, sub in zip(self.sub_optimizers, groups, strict=True)
     )
 
   def _group_states(self, state: Any) -> list[Any]:
@@ -412,3 +435,29 @@ def _selector_key(selector: Selector) -> Any:
   if jax.tree_util.treedef_is_leaf(treedef):
     return selector
   return (treedef, tuple(bool(x) for x in leaves))
+
+
+def _children(tree: Any) -> tuple[list[Any], Any]:
+  """``tree``'s immediate children (None included) and the one-level structure."""
+  return jax.tree_util.tree_flatten(tree, is_leaf=lambda x: x is not tree)
+
+
+def _overlay(trees: Sequence[Any]) -> Any:
+  """Trees of one structure, each None wherever another holds its subtree, as one tree."""
+  present = [t for t in trees if t is not None]
+  if len(present) < 2:
+    return present[0] if present else None
+  levels = [_children(t) for t in present]
+  return levels[0][1].unflatten([_overlay(c) for c in zip(*(lv[0] for lv in levels), strict=True)])
+
+
+def _take(joined: Any, i: int, templates: Sequence[Any]) -> Any:
+  """The inverse of `_overlay` for tree ``i``: ``joined`` where ``templates[i]`` holds its
+  subtree alone, None where another template does."""
+  if templates[i] is None:
+    return None
+  if all(t is None for k, t in enumerate(templates) if k != i):
+    return joined
+  children, treedef = _children(joined)
+  split = [_children(t)[0] if t is not None else [None] * len(children) for t in templates]
+  return treedef.unflatten([_take(c, i, [s[n] for s in split]) for n, c in enumerate(children)])

@@ -211,7 +211,8 @@ class OptaxWrapper(OptimizerDef):
     """optax's own state under the step (`OptimizerDef.from_optax_state`)."""
     return OptimizerState(jnp.asarray(step, jnp.int32), optax_state)
 
-  def to_optax_state(self, state: OptimizerState) -> Any:
+  def to_optax_state(self, state: OptimizerState, like: Any = None) -> Any:
+    del like
     return state.param_states
 
   def why_not_elementwise(self) -> str | None:
