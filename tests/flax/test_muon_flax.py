@@ -92,3 +92,22 @@ def test_nnx_metadata_gives_muon_its_matrices():
   opt = opt.apply_gradient(jax.tree.map(jnp.ones_like, opt.target))
   got = nnx.to_pure_dict(opt.target)
   jax.tree.map(np.testing.assert_array_equal, got, expected)
+
+
+def test_the_nnx_face_gives_muon_the_models_own_axes():
+  """optcore_flax.nnx.Optimizer reads the axis names on the model's variables (no axes passed):
+  the stacked kernel is three (embed, mlp) matrices, as with the axes written by hand."""
+  from optcore_flax import nnx as ocnnx
+
+  with nnx.use_eager_sharding(False):
+    model = NnxModel(nnx.Rngs(0))
+  plain = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+  optimizer = ocnnx.Optimizer(model, optcore.contrib.muon(0.02), wrt=nnx.Param)
+  optimizer.update(model, jax.tree.map(jnp.ones_like, nnx.state(model, nnx.Param)))
+  axes = {"dense": {"kernel": P("embed", "mlp")}, "stack": P("layers", "embed", "mlp")}
+  axes |= {"scale": P("mlp")}
+  by_hand = optcore.contrib.muon(0.02, param_logical_axes=axes).create(plain)
+  by_hand = by_hand.apply_gradient(jax.tree.map(jnp.ones_like, plain))
+  jax.tree.map(
+    np.testing.assert_array_equal, nnx.to_pure_dict(nnx.state(model, nnx.Param)), by_hand.target
+  )

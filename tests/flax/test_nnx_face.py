@@ -246,22 +246,27 @@ def test_split_merge_and_jax_jit_keep_it_an_optimizer():
     lambda: optcore.MultiOptimizer(
       (r"hidden", optcore.ema(optcore.adam(1e-2), 0.9)), (r"out", optcore.legacy.Momentum(0.1))
     ),
+    lambda: optcore.MultiOptimizer(  # flax.optim's per-parameter layout; out/bias left alone
+      (r"hidden", optcore.legacy.Adam(1e-2)), (r"out/kernel", optcore.legacy.Momentum(0.1))
+    ),
   ],
-  ids=["optax", "legacy", "wrapper", "multi"],
+  ids=["optax", "legacy", "wrapper", "multi", "multi_per_parameter"],
 )
 def test_the_face_steps_as_the_core_face_does_and_its_state_dict_is_the_cores(make):
   """The same definition in the core face (apply_gradient on the same gradients) gives the same
-  parameters and the same state dict: the nnx face is a translation, not an algorithm."""
+  parameters and the same state dict, bitwise: the nnx face is a translation, not an
+  algorithm."""
   model, optimizer = train(ocnnx.Optimizer, make())
   params = nnx.as_pure(nnx.state(MLP(nnx.Rngs(0)), nnx.Param))
   core = make().create(params)
-  for _ in range(3):
-    core = core.apply_gradient(nnx.as_pure(grads_of(_with(core.target))))
+  step = jax.jit(lambda c: c.apply_gradient(nnx.as_pure(grads_of(_with(c.target)))))
+  for _ in range(3):  # jitted, as the face's steps are: the same XLA program, the same bits
+    core = step(core)
   for got, want in zip(arrays(model), jax.tree.leaves(core.target), strict=True):
-    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    np.testing.assert_array_equal(got, want)
   ours, theirs = optimizer.state_dict()["state"], core.state_dict()["state"]
   assert jax.tree.structure(ours) == jax.tree.structure(theirs)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), ours, theirs)
+  jax.tree.map(np.testing.assert_array_equal, ours, theirs)
 
 
 def _with(params):
@@ -269,3 +274,50 @@ def _with(params):
   model = MLP(nnx.Rngs(0))
   nnx.update(model, params)
   return model
+
+
+class WithLoRA(nnx.Module):
+  def __init__(self, rngs):
+    self.base = nnx.Linear(3, 4, rngs=rngs)
+    self.lora = nnx.LoRA(3, 2, 4, rngs=rngs)
+
+  def __call__(self, x):
+    return self.base(x) + self.lora(x)
+
+
+def _lora_run(opt_def):
+  model = WithLoRA(nnx.Rngs(0))
+  optimizer = ocnnx.Optimizer(model, opt_def, wrt=nnx.Param)
+  step = nnx.jit(lambda m, o: o.update(m, nnx.grad(lambda m: jnp.sum(m(jnp.ones((2, 3))) ** 2))(m)))
+  for _ in range(3):
+    step(model, optimizer)
+  return model, optimizer
+
+
+def test_multi_optimizer_groups_chosen_by_nnx_variable_type_are_the_path_groups():
+  """Selectors that are nnx filters (a Variable type, nnx.All/Not/...) pick what the same
+  groups by path pick: the same numbers and the same state, bitwise."""
+  by_type = optcore.MultiOptimizer(
+    (nnx.LoRAParam, optcore.adam(1e-2)),
+    (nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam)), optcore.legacy.Momentum(0.1)),
+  )
+  by_path = optcore.MultiOptimizer(
+    (r"^/lora/", optcore.adam(1e-2)), (r"^/base/", optcore.legacy.Momentum(0.1))
+  )
+  (typed, typed_opt), (pathed, pathed_opt) = _lora_run(by_type), _lora_run(by_path)
+  for got, want in zip(
+    jax.tree.leaves(nnx.state(typed)), jax.tree.leaves(nnx.state(pathed)), strict=True
+  ):
+    np.testing.assert_array_equal(got, want)
+  jax.tree.map(np.testing.assert_array_equal, typed_opt.state_dict(), pathed_opt.state_dict())
+  frozen = _lora_run(optcore.MultiOptimizer((nnx.LoRAParam, optcore.adam(1e-2))))[0]
+  np.testing.assert_array_equal(frozen.base.kernel[...], WithLoRA(nnx.Rngs(0)).base.kernel[...])
+
+
+def test_overlapping_variable_type_groups_are_refused_by_path():
+  model = WithLoRA(nnx.Rngs(0))
+  overlapping = optcore.MultiOptimizer(
+    (nnx.Param, optcore.sgd(0.1)), (nnx.LoRAParam, optcore.adam(1e-2))
+  )  # a LoRAParam is an nnx.Param too
+  with pytest.raises(ValueError, match="lora_a"):
+    ocnnx.Optimizer(model, overlapping, wrt=nnx.Param)

@@ -32,15 +32,17 @@ Example:
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Unpack
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import Mesh
 
 import optcore
 from optcore import adapter
+from optcore_flax._linen import _has_nnx_axes
 
 __all__ = ["ModelAndOptimizer", "Optimizer"]
 
@@ -54,8 +56,10 @@ class Optimizer(nnx.Optimizer):
   Args:
     model: the NNX module whose ``wrt`` variables are trained.
     tx: an optcore definition (``optcore.adamw(1e-3)``, a `MultiOptimizer`
-      whose selectors are path regexes or nnx filters, any wrapper), or an
-      optax ``GradientTransformation``.
+      whose selectors are path regexes or nnx filters such as ``nnx.LoRAParam``
+      or ``nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam))``, any wrapper), or an
+      optax ``GradientTransformation``. The face reads an nnx filter selector
+      on the model's variables once, here.
     wrt: the nnx filter of the trained variables (``nnx.Param``). Required,
       as in current Flax; left out, the optimizer behaves as Flax's before
       0.11 did, with a ``DeprecationWarning``: it trains ``nnx.Param`` and
@@ -90,6 +94,10 @@ class Optimizer(nnx.Optimizer):
       )
       wrt = nnx.Param
     optimizer_def = adapter.as_definition(tx, "optcore_flax.nnx.Optimizer")
+    optimizer_def = _with_variable_selectors(optimizer_def, model, wrt)
+    axes = _metadata_axes(model, wrt)
+    if axes is not None:  # a definition that reads them (contrib.muon) takes the model's own
+      optimizer_def = optimizer_def.with_param_logical_axes(axes)
     self.optimizer_def = optimizer_def
     super().__init__(model, optimizer_def.as_optax(), wrt=wrt, **kwargs)
     if holds_model:
@@ -107,11 +115,14 @@ class Optimizer(nnx.Optimizer):
       **kwargs: overrides, or optax's extra arguments.
 
     Returns:
-      The updates applied, in the structure of ``model``'s ``wrt`` state.
+      The updates applied (new minus old values), in the structure of ``model``'s ``wrt``
+      state; unused under ``jax.jit``, XLA drops them.
 
     Raises:
       TypeError: ``grads`` missing on an optimizer that does not hold its model; a keyword
         that is no hyper-parameter of the definition.
+      optcore.TreeMismatchError: ``grads`` does not fit the trained variables (named by
+        path); the model and the state are left as they were.
     """
     if grads is _MISSING:
       held = vars(self).get("model")
@@ -122,7 +133,20 @@ class Optimizer(nnx.Optimizer):
           "takes update(grads); so does ModelAndOptimizer."
         )
       model, grads = held, model
-    return super().update(model, grads, **kwargs)
+    params = nnx.as_pure(nnx.state(model, self.wrt))
+    grad_arrays = nnx.as_pure(nnx.state(grads, self.wrt))
+    overrides, extra = adapter.split_update_arguments(nnx.as_pure(kwargs))
+    # adapter.step checks the gradients (a wrong one named by path), honours or refuses each
+    # override and keeps host-memory state where it lives; the new parameters are the
+    # definition's own (bitwise the core face's; for optax, optax.apply_updates as Flax's).
+    new_params, new_state = adapter.step(
+      self.optimizer_def, params, _as_state(self), grad_arrays, extra_args=extra, **overrides
+    )
+    step = self.step[...]
+    nnx.update(model, new_params)
+    self._set_state(new_state)
+    self.step[...] = step + 1
+    return jax.tree.map(jnp.subtract, new_params, params)
 
   @property
   def state(self) -> optcore.OptimizerState:
@@ -186,9 +210,65 @@ class Optimizer(nnx.Optimizer):
     self._set_state(state)
     return report
 
+  def shard(
+    self,
+    model: Any,
+    mesh: Mesh | optcore.Placement | None = None,
+    logical_axis_rules: Sequence[tuple[str, Any]] | None = None,
+    **placement: Unpack[adapter.StatePlacement],
+  ) -> Optimizer:
+    """Places this optimizer's state, in place, as ``model``'s partitioning metadata says:
+    each state array follows the parameter it belongs to (``nnx.with_partitioning`` /
+    ``out_sharding`` names, mesh axes or logical names mapped by ``logical_axis_rules``; a
+    variable without it is replicated), ``state_axis=`` splits every state array over that mesh
+    axis as well (ZeRO-1), ``state_memory_kind="pinned_host"`` keeps it in host memory between
+    steps. Each ``update`` keeps the placement.
+
+    Args:
+      model: the module this optimizer trains.
+      mesh: the device mesh, or an `optcore.Placement`; None: the mesh of ``jax.set_mesh``.
+      logical_axis_rules: ``(logical_name, mesh_axes)`` pairs for logical names in the
+        metadata.
+      **placement: ``state_axis=``, ``state_memory_kind=`` (see `optcore.Placement`).
+
+    Returns:
+      This optimizer.
+
+    Raises:
+      TypeError: no mesh given and none set with ``jax.set_mesh``.
+      optcore.PartitionRuleError: a dimension the mesh does not divide (named by path).
+
+    Example (ZeRO-1: a replicated model, its moments split over ``'data'``):
+      >>> import jax, numpy as np
+      >>> from jax.sharding import Mesh, PartitionSpec as P
+      >>> import optcore
+      >>> from optcore_flax import nnx
+      >>> model = nnx.Linear(4, 2, rngs=nnx.Rngs(0))
+      >>> optimizer = nnx.Optimizer(model, optcore.adam(1e-3), wrt=nnx.Param)
+      >>> mesh = Mesh(np.array(jax.devices()[:1]), ('data',))
+      >>> _ = optimizer.shard(model, mesh, state_axis='data')
+      >>> optimizer.state.param_states[0].mu['kernel'].sharding.spec == P('data', None)
+      True
+    """
+    if mesh is None:
+      mesh = jax.sharding.get_mesh()
+      if mesh.empty:
+        raise TypeError(
+          "optcore_flax.nnx.Optimizer.shard needs a mesh: pass mesh=, or call it inside "
+          "`with jax.set_mesh(mesh):`."
+        )
+    state = _as_state(self)
+    params = self.readout_parameters(model)
+    axes = _metadata_axes(model, self.wrt)
+    shardings = adapter.state_shardings(
+      self.optimizer_def, state, params, axes, mesh, logical_axis_rules, **placement
+    )
+    self._set_state(jax.device_put(state, shardings))
+    return self
+
   def _set_state(self, state: optcore.OptimizerState) -> None:
     """Writes ``state`` into this optimizer's variables (their metadata kept)."""
-    new = self.optimizer_def.to_optax_state(state)
+    new = self.optimizer_def.to_optax_state(state, like=nnx.as_pure(self.opt_state))
     if not isinstance(new, optcore.OptimizerState):  # the state keeps no step: nnx's is it
       self.step.set_value(jnp.asarray(state.step, self.step[...].dtype))
     variables = jax.tree.leaves(self.opt_state, is_leaf=_is_variable)
@@ -239,6 +319,61 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
   return sorted(set(globals()) | set(dir(nnx)))
+
+
+_FILTER_NAMES = ("OfType", "Any", "All", "Not", "PathContains", "PathIn", "WithTag", "Everything")
+_FILTER_TYPES = tuple(
+  getattr(nnx.filterlib, n) for n in (*_FILTER_NAMES, "Nothing") if hasattr(nnx.filterlib, n)
+)
+
+
+def _is_variable_filter(selector: Any) -> bool:
+  """An nnx filter over variables (a Variable type, a tuple of filters, one of nnx's filter
+  objects), as opposed to optcore's own selectors (a regex, a predicate, a mask)."""
+  if isinstance(selector, type):
+    return issubclass(selector, nnx.Variable)
+  if isinstance(selector, tuple) and selector:
+    return all(_is_variable_filter(s) for s in selector)
+  return isinstance(selector, _FILTER_TYPES)
+
+
+def _with_variable_selectors(opt_def: Any, model: Any, wrt: Any) -> Any:
+  """``opt_def`` with each `MultiOptimizer` selector that is an nnx filter replaced by the
+  boolean mask it picks on ``model``'s ``wrt`` variables (nested groups too); the definition
+  itself where it has none."""
+  if not isinstance(opt_def, optcore.MultiOptimizer):
+    return opt_def
+  pairs = [(s, _with_variable_selectors(o, model, wrt)) for s, o in zip(
+    opt_def.traversals, opt_def.sub_optimizers, strict=True)]  # fmt: skip
+  if not any(_is_variable_filter(s) for s, _ in pairs) and all(
+    o is p for (_, o), p in zip(pairs, opt_def.sub_optimizers, strict=True)
+  ):
+    return opt_def
+  variables = nnx.state(model, wrt)
+
+  def mask(selector: Any) -> Any:
+    picks = nnx.filterlib.to_predicate(selector)
+    return jax.tree_util.tree_map_with_path(
+      lambda path, v: bool(picks(tuple(getattr(k, "key", k) for k in path), v)),
+      variables,
+      is_leaf=_is_variable,
+    )
+
+  resolved = optcore.MultiOptimizer(
+    *((mask(s) if _is_variable_filter(s) else s, o) for s, o in pairs)
+  )
+  resolved.hyper_params = list(opt_def.hyper_params)
+  return resolved
+
+
+def _metadata_axes(model: Any, wrt: Any) -> PyTree | None:
+  """One `PartitionSpec` per ``wrt`` variable of ``model`` from its partitioning metadata
+  (``nnx.with_partitioning``, ``out_sharding=``; ``P()`` where it has none), in the structure of
+  the arrays the optimizer sees; None when no variable has any."""
+  variables = nnx.state(model, wrt)
+  if not any(_has_nnx_axes(v) for v in jax.tree.leaves(variables, is_leaf=_is_variable)):
+    return None
+  return nnx.as_pure(nnx.get_partition_spec(variables))
 
 
 def _is_variable(x: Any) -> bool:
