@@ -133,8 +133,8 @@ class Optimizer(nnx.Optimizer):
           "takes update(grads); so does ModelAndOptimizer."
         )
       model, grads = held, model
-    params = nnx.as_pure(nnx.state(model, self.wrt))
-    grad_arrays = nnx.as_pure(nnx.state(grads, self.wrt))
+    params = nnx.as_pure(self._wrt_state(model))
+    grad_arrays = nnx.as_pure(self._wrt_state(grads))
     overrides, extra = adapter.split_update_arguments(nnx.as_pure(kwargs))
     # adapter.step checks the gradients (a wrong one named by path), honours or refuses each
     # override and keeps host-memory state where it lives; the new parameters are the
@@ -158,7 +158,13 @@ class Optimizer(nnx.Optimizer):
   def readout_parameters(self, model: Any) -> PyTree:
     """The trained variables of ``model`` as arrays, in the optimizer state's structure (what
     `optcore.ema_params` fills the unaveraged leaves from)."""
-    return nnx.as_pure(nnx.state(model, self.wrt))
+    return nnx.as_pure(self._wrt_state(model))
+
+  def _wrt_state(self, tree: Any) -> Any:
+    """``tree``'s ``wrt`` variables, in Flax's graph or tree mode as this optimizer was made
+    (``graph=``, Flax 0.12.9 and later)."""
+    graph = getattr(self, "graph", None)
+    return nnx.state(tree, self.wrt) if graph is None else nnx.state(tree, self.wrt, graph=graph)
 
   def ema_params(self, model: Any) -> nnx.State:
     """The moving average of ``model``'s trained variables (an `optcore.ema` anywhere in the
