@@ -153,7 +153,7 @@ def main() -> None:
   parser.add_argument("--steps", type=int, default=50)
   parser.add_argument("--quick", action="store_true")
   args = parser.parse_args()
-  shapes = [(64, 50), (256, 16)]
+  shapes = [(80, 150), (64, 50), (256, 16)]  # 0.97M params in 300 leaves, the size
   if args.quick:
     shapes, args.rounds, args.steps = [(16, 4)], 3, 5
   device = jax.devices()[0]

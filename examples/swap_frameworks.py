@@ -1,4 +1,4 @@
-"""One optimizer config, four frameworks, the same numbers: optcore's promise, shown.
+"""One optimizer config, five frameworks, the same numbers: optcore's promise, shown.
 
   python examples/swap_frameworks.py [--steps 200] [--plot swap_frameworks.png]
 
@@ -7,10 +7,12 @@ The plot needs matplotlib (``pip install matplotlib``; ``nox -s demo`` installs 
 
 A small MLP learns a 1-D function on synthetic data with ONE config (a dict:
 AdamW on the kernels, SGD with momentum on the biases, a learning-rate
-schedule applied per step) through the core, Flax (flax.optim's API), Equinox
-and Treex. It prints the per-step losses side by side, the shardings the
-config derives for an 8-device mesh, saves an orbax checkpoint from Equinox
-halfway and resumes the run in Flax, and plots every loss curve to a PNG.
+schedule applied per step) through the core, Flax (flax.optim's API), Flax NNX
+(``nnx.Optimizer``'s API: ``from optcore_flax import nnx`` in place of
+``from flax import nnx``), Equinox and Treex. It prints the per-step losses
+side by side, the shardings the config derives for an 8-device mesh, saves an
+orbax checkpoint from Equinox halfway and resumes the run in Flax, and plots
+every loss curve to a PNG.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import optcore
 import optcore_equinox
 import optcore_flax
 import optcore_treex
+from optcore_flax import nnx  # flax.nnx, with nnx.Optimizer taking optcore definitions
 
 CONFIG = {
   "name": "multi",
@@ -122,6 +125,20 @@ class EqxMLP(eqx.Module):
     return mlp(as_dict(self.layer0), as_dict(self.layer1), x)
 
 
+class NnxDense(nnx.Module):
+  def __init__(self, kernel, bias):
+    self.kernel, self.bias = nnx.Param(kernel), nnx.Param(bias)
+
+
+class NnxMLP(nnx.Module):
+  def __init__(self, layer0, layer1):
+    self.layer0, self.layer1 = NnxDense(**layer0), NnxDense(**layer1)
+
+  def __call__(self, x):
+    as_dict = lambda d: {"kernel": d.kernel[...], "bias": d.bias[...]}
+    return mlp(as_dict(self.layer0), as_dict(self.layer1), x)
+
+
 class TreeoDense(to.Tree):
   kernel: jax.Array = to.field(node=True)
   bias: jax.Array = to.field(node=True)
@@ -191,6 +208,19 @@ def train_equinox(steps, x, y, stop_at=None):
   return _loop("equinox", steps, step, (model, opt), stop_at=stop_at)
 
 
+def train_nnx(steps, x, y):
+  model = NnxMLP(**jax.tree.map(jnp.asarray, initial_params()))
+  optimizer = nnx.Optimizer(model, optcore.config.from_config(CONFIG), wrt=nnx.Param)
+
+  @nnx.jit
+  def step(model, optimizer, lr):
+    loss, grads = nnx.value_and_grad(lambda m: jnp.mean((m(x) - y) ** 2))(model)
+    optimizer.update(model, grads, learning_rate=lr)  # an override, as in every face
+    return loss
+
+  return _loop("nnx", steps, lambda state, lr: (state, step(*state, lr)), (model, optimizer))
+
+
 def train_treex(steps, x, y):
   p = jax.tree.map(jnp.asarray, initial_params())
   params = TreeoMLP(TreeoDense(**p["layer0"]), TreeoDense(**p["layer1"]))
@@ -256,6 +286,7 @@ def main() -> None:
   runs = {
     "core": train_core(steps, x, y)[1],
     "flax": train_flax(steps, x, y)[1],
+    "nnx": train_nnx(steps, x, y)[1],
     "equinox": train_equinox(steps, x, y)[1],
     "treex": train_treex(steps, x, y)[1],
   }
@@ -307,12 +338,12 @@ def main() -> None:
   import matplotlib.pyplot as plt
 
   fig, ax = plt.subplots(figsize=(7, 4))
-  for (name, losses), style in zip(runs.items(), ["-", "--", "-.", ":"], strict=True):
-    ax.plot(range(1, steps + 1), losses, style, label=name, linewidth=2)
+  for (name, losses), style in zip(runs.items(), ["-", "--", (0, (5, 1)), "-.", ":"], strict=True):
+    ax.plot(range(1, steps + 1), losses, linestyle=style, label=name, linewidth=2)
   ax.plot(
     range(steps // 2 + 1, steps + 1), resumed, "x", markevery=10, label="flax, resumed from equinox"
   )
-  ax.set(xlabel="step", ylabel="loss", yscale="log", title="One optcore config, four frameworks")
+  ax.set(xlabel="step", ylabel="loss", yscale="log", title="One optcore config, five frameworks")
   ax.legend()
   fig.tight_layout()
   fig.savefig(args.plot, dpi=100)

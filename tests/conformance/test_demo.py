@@ -11,6 +11,8 @@ from example_runner import EXAMPLES, run_example
 def test_swap_frameworks_demo(tmp_path):
   plot = tmp_path / "curves.png"
   stdout = run_example("swap_frameworks.py", "--steps", "100", "--plot", str(plot))
+  header = next(line for line in stdout.splitlines() if line.strip().startswith("step "))
+  assert header.split() == ["step", "core", "flax", "nnx", "equinox", "treex"]
   assert "identical in every framework, bitwise: True" in stdout
   assert "matches the uninterrupted run bitwise: True" in stdout
   assert "P(None, 'model')" in stdout and "16 of  128 bytes per device" in stdout

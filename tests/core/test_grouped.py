@@ -404,7 +404,7 @@ def test_a_config_names_a_grouped_definition_and_round_trips():
   assert optcore.config.to_config(opt_def) == config
   assert optcore.config.from_config(optcore.config.to_config(opt_def)) == opt_def
   with pytest.raises(
-    optcore.config.ConfigError, match="^at 'config': grouped\\(lamb\\) is not possible"
+    optcore.config.ConfigError, match=r"^at 'config': grouped\(lamb\) is not possible"
   ):
     optcore.config.from_config(
       {"name": "grouped", "optimizer": {"name": "lamb", "learning_rate": 0.1}}

@@ -31,6 +31,7 @@ GUIDE_BLOCKS = {
   "t5x-after": "tests/flax/test_migration_flax.py",
   "nnx-before": "tests/flax/test_migration_flax.py",
   "nnx-after": "tests/flax/test_migration_flax.py",
+  "nnx-as-optax": "tests/flax/test_migration_flax.py",
   "trainstate-before": "tests/flax/test_migration_flax.py",
   "trainstate-after": "tests/flax/test_migration_flax.py",
   "equinox-before": "tests/equinox/test_migration_equinox.py",

@@ -317,6 +317,121 @@ TREEX = Face(
 )
 
 
+# Flax NNX: optcore_flax.nnx.Optimizer, the parameters nnx.Params of an nnx.Module; the handle
+# is nnx.split's (graphdef, state) pair, as NNX's fast path holds it (a pytree jax.jit takes).
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class NnxHandle:
+  graphdef: Any = dataclasses.field(metadata={"static": True})
+  state: Any
+
+
+def _nnx_model(params):
+  """An nnx.Module with one nnx.Param per parameter name, a nested module per nested dict (a
+  None stays a plain attribute: a gradient the module does not have)."""
+  import jax.numpy as jnp
+  from flax import nnx
+
+  if "nnx" not in _CLASSES:
+
+    def __init__(self, **values):
+      for name, value in values.items():
+        if isinstance(value, dict):
+          value = _nnx_model(value)
+        elif value is not None:
+          value = nnx.Param(jnp.asarray(value))
+        setattr(self, name, value)
+
+    _CLASSES["nnx"] = type("Params", (nnx.Module,), {"__init__": __init__})
+  return _CLASSES["nnx"](**params)
+
+
+def _nnx_optimizer(opt_def, model):
+  from flax import nnx
+
+  from optcore_flax import nnx as ocnnx
+
+  return ocnnx.Optimizer(model, opt_def, wrt=nnx.Param)
+
+
+def _nnx_split(model, optimizer):
+  from flax import nnx
+
+  return NnxHandle(*nnx.split((model, optimizer)))
+
+
+def _nnx_merge(handle):
+  from flax import nnx
+
+  return nnx.merge(handle.graphdef, handle.state)
+
+
+def _nnx_create(opt_def, params):
+  model = _nnx_model(params)
+  return _nnx_split(model, _nnx_optimizer(opt_def, model))
+
+
+def _nnx_step(handle, grads, overrides):
+  model, optimizer = _nnx_merge(handle)
+  optimizer.update(model, _nnx_model(grads), **overrides)
+  return _nnx_split(model, optimizer)
+
+
+def _nnx_params(handle):
+  from flax import nnx
+
+  model, _ = _nnx_merge(handle)
+  return nnx.to_pure_dict(nnx.state(model, nnx.Param))
+
+
+def _nnx_restore(handle, state_dict):
+  model, optimizer = _nnx_merge(handle)
+  optimizer.restore_state(state_dict)
+  return _nnx_split(model, optimizer)
+
+
+def _nnx_fingerprint(opt_def, params, fill):
+  optimizer = _nnx_optimizer(opt_def, _nnx_model(params))
+  optimizer.restore_state({"state": optcore.to_state_dict(fill(optimizer.state))})
+  return optimizer.state_dict()
+
+
+def _nnx_create_sharded(opt_def, params, mesh, **placement):
+  model = _nnx_model(params)
+  return _nnx_split(model, _nnx_optimizer(opt_def, model).shard(model, mesh, **placement))
+
+
+def _nnx_ema_params(handle):
+  model, optimizer = _nnx_merge(handle)
+  from flax import nnx
+
+  return nnx.to_pure_dict(optimizer.ema_params(model))
+
+
+def _nnx_transplant(handle, state_dict):
+  model, optimizer = _nnx_merge(handle)
+  report = optimizer.transplant(state_dict, model)
+  return _nnx_split(model, optimizer), report
+
+
+NNX = Face(
+  name="nnx",
+  module="optcore_flax.nnx",
+  create=_nnx_create,
+  step=_nnx_step,
+  params=_nnx_params,
+  state_dict=lambda handle: _nnx_merge(handle)[1].state_dict(),
+  restore=_nnx_restore,
+  fingerprint=_nnx_fingerprint,
+  create_sharded=_nnx_create_sharded,
+  ema_params=_nnx_ema_params,
+  current_hyper_params=lambda handle: _nnx_merge(handle)[1].current_hyper_params(),
+  transplant=_nnx_transplant,
+)
+
+
 # optcore.adapter's functions over a plain dict: what a new framework face calls (and how
 # the development page's "new face" recipe was tried: this entry alone added it everywhere).
 
@@ -388,5 +503,5 @@ ADAPTER = Face(
 
 
 #: Every face; the cross-face tests loop over this list.
-FACES: list[Face] = [CORE, FLAX, EQUINOX, TREEX, ADAPTER]
+FACES: list[Face] = [CORE, FLAX, EQUINOX, TREEX, NNX, ADAPTER]
 FACES_BY_NAME: dict[str, Face] = {face.name: face for face in FACES}
