@@ -24,6 +24,8 @@ its own optimizer object, through its public API only:
   ``state_memory_kind``), the parameters replicated;
 - ``ema_params(handle)``: the moving average an `optcore.ema` definition
   keeps, through the face's own accessor, as a plain dict;
+- ``eval_params(handle)``: where a schedule-free definition evaluates, through the face's own
+  accessor, as a plain dict;
 - ``current_hyper_params(handle)``: the face's own ``current_hyper_params()``;
 - ``transplant(handle, state_dict)``: ``(handle, report)`` through
   `optcore.transplant` (the face's parameters passed where it does not hold them).
@@ -62,6 +64,7 @@ class Face:
   updates: Callable[[PyTree, dict, dict], dict] | None = None
   create_sharded: Callable[..., PyTree] | None = None
   ema_params: Callable[[PyTree], dict] | None = None
+  eval_params: Callable[[PyTree], dict] | None = None
   current_hyper_params: Callable[[PyTree], dict] | None = None
   transplant: Callable[[PyTree, Any], tuple[PyTree, Any]] | None = None
 
@@ -90,6 +93,7 @@ CORE = Face(
     params, mesh=mesh, **kw
   ),
   ema_params=lambda opt: opt.ema_params,
+  eval_params=lambda opt: opt.eval_params,
   current_hyper_params=lambda opt: opt.current_hyper_params(),
   transplant=optcore.transplant,
 )
@@ -153,6 +157,7 @@ FLAX = Face(
   fingerprint=_flax_fingerprint,
   create_sharded=_flax_create_sharded,
   ema_params=lambda opt: _unfreeze(opt.ema_params),
+  eval_params=lambda opt: _unfreeze(opt.eval_params),
   current_hyper_params=lambda opt: opt.current_hyper_params(),
   transplant=optcore.transplant,
 )
@@ -238,6 +243,7 @@ EQUINOX = Face(
   jit=_eqx_jit,
   create_sharded=_eqx_create_sharded,
   ema_params=lambda handle: _fields(handle[1].ema_params(handle[0])),
+  eval_params=lambda handle: _fields(handle[1].eval_params(handle[0])),
   current_hyper_params=lambda handle: handle[1].current_hyper_params(),
   transplant=_transplant_optimizer,
 )
@@ -312,6 +318,7 @@ TREEX = Face(
   updates=_treex_updates,
   create_sharded=_treex_create_sharded,
   ema_params=lambda handle: _fields(handle[1].ema_params),
+  eval_params=lambda handle: _fields(handle[1].eval_params(handle[0])),
   current_hyper_params=lambda handle: handle[1].current_hyper_params(),
   transplant=_transplant_optimizer,
 )
@@ -410,6 +417,13 @@ def _nnx_ema_params(handle):
   return nnx.to_pure_dict(optimizer.ema_params(model))
 
 
+def _nnx_eval_params(handle):
+  from flax import nnx
+
+  model, optimizer = _nnx_merge(handle)
+  return nnx.to_pure_dict(optimizer.eval_params(model))
+
+
 def _nnx_transplant(handle, state_dict):
   model, optimizer = _nnx_merge(handle)
   report = optimizer.transplant(state_dict, model)
@@ -427,6 +441,7 @@ NNX = Face(
   fingerprint=_nnx_fingerprint,
   create_sharded=_nnx_create_sharded,
   ema_params=_nnx_ema_params,
+  eval_params=_nnx_eval_params,
   current_hyper_params=lambda handle: _nnx_merge(handle)[1].current_hyper_params(),
   transplant=_nnx_transplant,
 )
@@ -497,6 +512,7 @@ ADAPTER = Face(
   updates=_adapter_updates,
   create_sharded=_adapter_create_sharded,
   ema_params=lambda handle: handle[0].ema_params(handle[2]),
+  eval_params=lambda handle: optcore.eval_params(handle[2], handle[1], optimizer_def=handle[0]),
   current_hyper_params=lambda handle: handle[0].current_hyper_params(handle[2]),
   transplant=_adapter_transplant,
 )

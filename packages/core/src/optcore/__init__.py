@@ -94,6 +94,7 @@ from optcore._src.partition_rules import register_state_rule as register_state_r
 from optcore._src.paths import register_hidden_level as register_hidden_level
 from optcore._src.readouts import current_hyper_params as current_hyper_params
 from optcore._src.readouts import ema_params as ema_params
+from optcore._src.readouts import eval_params as eval_params
 from optcore._src.serialization import StateDictError as StateDictError
 from optcore._src.serialization import from_state_dict as from_state_dict
 from optcore._src.serialization import to_state_dict as to_state_dict
@@ -184,6 +185,7 @@ __all__ = [
   "derive_optax_logical_axes",
   "ema",
   "ema_params",
+  "eval_params",
   "from_state_dict",
   "fromage",
   "grouped",

@@ -107,6 +107,23 @@ class Optimizer(eqx.Module):
     """
     return optcore.ema_params(self, model)
 
+  def eval_params(self, model: PyTree) -> PyTree:
+    """``model`` with each optimised leaf at the point a schedule-free definition
+    (``optcore.contrib.schedule_free_adamw``, ...) evaluates, the other leaves ``model``'s
+    (see `optcore.eval_params`); TypeError for any other definition.
+
+    Example:
+      >>> import equinox as eqx, jax, jax.numpy as jnp
+      >>> import optcore, optcore_equinox
+      >>> model = eqx.nn.Linear(2, 1, key=jax.random.key(0))
+      >>> opt = optcore_equinox.Optimizer(optcore.contrib.schedule_free_sgd(0.1), model)
+      >>> model, opt = opt.update(jax.tree.map(jnp.ones_like, model), model)
+      >>> evaluation = opt.eval_params(model)
+      >>> evaluation.weight.shape == model.weight.shape
+      True
+    """
+    return optcore.eval_params(self, model)
+
   def update(
     self, grads: PyTree, model: PyTree, *, extra_args: Mapping[str, Any] | None = None, **overrides
   ) -> tuple[PyTree, Optimizer]:

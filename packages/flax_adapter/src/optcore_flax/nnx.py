@@ -176,6 +176,17 @@ class Optimizer(nnx.Optimizer):
     """
     return optcore.ema_params(self, model)
 
+  def eval_params(self, model: Any) -> nnx.State:
+    """``model``'s trained variables at the point a schedule-free definition
+    (``optcore.contrib.schedule_free_adamw``, ...) evaluates, as an ``nnx.State``:
+    ``nnx.update(model, optimizer.eval_params(model))`` puts them in the model (see
+    `optcore.eval_params`).
+
+    Raises:
+      TypeError: the definition keeps no schedule-free state.
+    """
+    return optcore.eval_params(self, model)
+
   def current_hyper_params(self) -> dict[str, Any]:
     """The hyper-parameters the next `update` takes unless overridden, for logging (see
     `optcore.current_hyper_params`); works under ``nnx.jit``."""

@@ -123,6 +123,24 @@ class Optimizer(to.Tree):
     """
     return optcore.ema_params(self)
 
+  def eval_params(self, params: PyTree) -> PyTree:
+    """``params`` at the point a schedule-free definition
+    (``optcore.contrib.schedule_free_adamw``, ...) evaluates, in their structure (see
+    `optcore.eval_params`); TypeError for any other definition.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> import optcore, optcore_treex
+      >>> params = {'w': jnp.zeros(1)}
+      >>> optimizer = optcore_treex.Optimizer(optcore.contrib.schedule_free_sgd(0.1, b1=0.5))
+      >>> optimizer = optimizer.init(params)
+      >>> for g in (1.0, 3.0):
+      ...   params = optimizer.update({'w': jnp.full(1, g)}, params)
+      >>> params['w'], optimizer.eval_params(params)['w'].round(4)
+      (Array([-0.325], dtype=float32), Array([-0.25], dtype=float32))
+    """
+    return optcore.eval_params(self, params)
+
   def init(self, params: PyTree) -> Optimizer:
     """A new optimizer initialised for ``params``; this one is not changed.
 

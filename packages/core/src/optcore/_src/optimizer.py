@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec
 
+from optcore._src import schedule_free
 from optcore._src.state import OptimizerState
 from optcore._src.step import apply_step
 from optcore._src.transplant import TransplantReport, transplant_state
@@ -208,6 +209,17 @@ class Optimizer(Generic[T]):
       {'learning_rate': Array(0.25, dtype=float32)}
     """
     return self.optimizer_def.current_hyper_params(self.state)
+
+  @property
+  def eval_params(self) -> T:
+    """The target at the point a schedule-free run evaluates (see `optcore.eval_params`);
+    TypeError for a definition that keeps no schedule-free state."""
+    if not schedule_free.keeps_schedule_free(self.state):
+      raise TypeError(
+        f"eval_params: {self.optimizer_def.display_name()} keeps no schedule-free state (see "
+        "optcore.eval_params)."
+      )
+    return schedule_free.eval_params(self.state, self.target)
 
   @property
   def ema_params(self) -> T:

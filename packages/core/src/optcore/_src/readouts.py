@@ -1,6 +1,6 @@
 """Read-outs: what an optimizer's state says, as functions of any face's optimizer.
 
-`ema_params` and `current_hyper_params` take a core or Flax `Optimizer`, a
+`ema_params`, `eval_params` and `current_hyper_params` take a core or Flax `Optimizer`, a
 `GroupedOptimizer`, an ``optcore_equinox.Optimizer``, an ``optcore_treex.Optimizer``
 (anything holding an ``optimizer_def`` and its ``state``), or a bare state with the
 definition it belongs to: an `OptimizerState`, the ``opt_state`` of ``as_optax()`` (a
@@ -18,7 +18,7 @@ from typing import Any
 
 import jax
 
-from optcore._src import paths
+from optcore._src import paths, schedule_free
 from optcore._src.base import OptimizerDef
 from optcore._src.optimizer import OptimizerState, fill_unaveraged
 
@@ -101,6 +101,63 @@ def ema_params(
     params = readout(params)
   params = held if params is None else params
   return average if params is None else fill_unaveraged(average, params)
+
+
+def eval_params(
+  optimizer: Any, params: PyTree | None = None, *, optimizer_def: OptimizerDef | None = None
+) -> PyTree:
+  """The parameters to evaluate a schedule-free run at, wherever its state is kept.
+
+  optax's ``schedule_free`` optimizers (``optcore.contrib.schedule_free_adamw``,
+  ``schedule_free_sgd``, ``schedule_free(...)`` around any optimizer) train one
+  sequence and evaluate at another: ``(y - (1 - b1) * z) / b1``, what
+  ``optax.contrib.schedule_free_eval_params`` computes. Their state is found by
+  its type anywhere in the state (under any wrapper, in any `MultiOptimizer`
+  group, inside an optax chain); a parameter no schedule-free group trains comes
+  back as it is. State in host memory is read on the device.
+
+  Args:
+    optimizer: an optimizer of any face, or a state (``opt.state``, the ``opt_state``
+      of ``as_optax()``) with ``optimizer_def``.
+    params: the parameters (the model, for the Equinox and NNX faces); None: the
+      optimizer's own target where it holds one (core, Flax).
+    optimizer_def: the definition a bare state belongs to.
+
+  Returns:
+    The evaluation parameters, in the parameters' structure and dtypes.
+
+  Raises:
+    TypeError: no schedule-free state is kept (the message names what is), no
+      parameters given to an optimizer that does not hold them, or ``optimizer`` is
+      neither an optimizer nor a state with its definition.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> import optcore
+    >>> opt = optcore.contrib.schedule_free_sgd(0.1, b1=0.5).create({'w': jnp.zeros(1)})
+    >>> for g in (1.0, 3.0):
+    ...   opt = opt.apply_gradient({'w': jnp.full(1, g)})
+    >>> opt.target['w'], optcore.eval_params(opt)['w'].round(4)  # trained at y, evaluated at x
+    (Array([-0.325], dtype=float32), Array([-0.25], dtype=float32))
+  """
+  opt_def, state, held = _source(optimizer, optimizer_def, "eval_params")
+  readout = getattr(optimizer, "readout_parameters", None)
+  if params is not None and callable(readout):  # a face whose model is not its state's shape
+    params = readout(params)
+  params = held if params is None else params
+  if not schedule_free.keeps_schedule_free(state):
+    raise TypeError(
+      f"optcore.eval_params: {opt_def.display_name()} keeps no schedule-free state. It reads "
+      "where optax's schedule_free optimizers evaluate (optcore.contrib.schedule_free_adamw, "
+      "schedule_free_sgd, or schedule_free(...) around an optimizer); for a moving average, "
+      "use optcore.ema(...) and optcore.ema_params."
+    )
+  if params is None:
+    raise TypeError(
+      "optcore.eval_params: this optimizer does not hold its parameters; pass them: "
+      "optcore.eval_params(opt, params) (the model, for the Equinox and NNX faces)."
+    )
+  return schedule_free.eval_params(state, params)
 
 
 def current_hyper_params(

@@ -1,0 +1,42 @@
+"""Where a schedule-free run is evaluated: optax's ``schedule_free`` state found by its type
+anywhere in an optimizer state (`optcore.eval_params` and the faces' ``eval_params``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+from optax import contrib as optax_contrib
+
+from optcore._src import placement
+
+PyTree = Any
+
+
+def _is_schedule_free(x: Any) -> bool:
+  return isinstance(x, optax_contrib.ScheduleFreeState)
+
+
+def found_states(state: Any) -> list[optax_contrib.ScheduleFreeState]:
+  """Every ``ScheduleFreeState`` in ``state``, under any wrapper, group or chain."""
+  return [s for s in jax.tree.leaves(state, is_leaf=_is_schedule_free) if _is_schedule_free(s)]
+
+
+def keeps_schedule_free(state: Any) -> bool:
+  return bool(found_states(state))
+
+
+def eval_params(state: Any, params: PyTree) -> PyTree:
+  """``params`` with each leaf a schedule-free state trains replaced by its evaluation point,
+  ``(y - (1 - b1) * z) / b1`` (optax's ``schedule_free_eval_params``, in its order of
+  operations), in the parameter's dtype; the other leaves as they are."""
+  treedef = jax.tree.structure(params)
+  out = treedef.flatten_up_to(params)
+  for found in found_states(state):
+    z, _ = placement.to_device(found.z)  # state_memory_kind="pinned_host": read on the device
+    b1 = found.b1
+    for i, z_leaf in enumerate(treedef.flatten_up_to(z)):
+      if hasattr(z_leaf, "shape"):  # None or optax's MaskedNode: another group's parameter
+        y = out[i]
+        out[i] = ((y - (1.0 - b1) * z_leaf) / b1).astype(y.dtype)
+  return treedef.unflatten(out)
