@@ -16,6 +16,7 @@ WRAPPERS = {
   "accumulate": lambda d: optcore.accumulate(d, every=2),
   "ema": lambda d: optcore.ema(d, 0.9),
   "mixed_precision": lambda d: optcore.mixed_precision(d, state_dtype=BF16, master_dtype=F32),
+  "skip_bad_steps": lambda d: optcore.skip_bad_steps(d, window=4, warmup=2),
 }
 ALGORITHMS = {
   "adam": lambda: optcore.adam(1e-2),

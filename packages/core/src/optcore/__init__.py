@@ -95,12 +95,16 @@ from optcore._src.paths import register_hidden_level as register_hidden_level
 from optcore._src.readouts import current_hyper_params as current_hyper_params
 from optcore._src.readouts import ema_params as ema_params
 from optcore._src.readouts import eval_params as eval_params
+from optcore._src.readouts import skipped_steps as skipped_steps
 from optcore._src.serialization import StateDictError as StateDictError
 from optcore._src.serialization import from_state_dict as from_state_dict
 from optcore._src.serialization import to_state_dict as to_state_dict
 from optcore._src.sharding import logical_to_mesh as logical_to_mesh
 from optcore._src.sharding import logical_to_mesh_axes as logical_to_mesh_axes
 from optcore._src.sharding import logical_to_mesh_sharding as logical_to_mesh_sharding
+from optcore._src.skip import SkipBadSteps as SkipBadSteps
+from optcore._src.skip import SkipState as SkipState
+from optcore._src.skip import skip_bad_steps as skip_bad_steps
 from optcore._src.state_axes import Placement as Placement
 from optcore._src.transplant import TransplantEntry as TransplantEntry
 from optcore._src.transplant import TransplantReport as TransplantReport
@@ -160,6 +164,8 @@ __all__ = [
   "PartitionRuleError",
   "Placement",
   "SelectorError",
+  "SkipBadSteps",
+  "SkipState",
   "StateDictError",
   "TransplantEntry",
   "TransplantReport",
@@ -218,6 +224,8 @@ __all__ = [
   "sgd",
   "sign_sgd",
   "signum",
+  "skip_bad_steps",
+  "skipped_steps",
   "sm3",
   "t5x",
   "to_state_dict",

@@ -21,6 +21,7 @@ import jax
 from optcore._src import paths, schedule_free
 from optcore._src.base import OptimizerDef
 from optcore._src.optimizer import OptimizerState, fill_unaveraged
+from optcore._src.skip import SkipState
 
 PyTree = Any
 
@@ -158,6 +159,44 @@ def eval_params(
       "optcore.eval_params(opt, params) (the model, for the Equinox and NNX faces)."
     )
   return schedule_free.eval_params(state, params)
+
+
+def skipped_steps(optimizer: Any, *, optimizer_def: OptimizerDef | None = None) -> jax.Array:
+  """How many steps an `optcore.skip_bad_steps` has skipped, wherever it is kept (under any
+  wrapper, in any `MultiOptimizer` group: the groups' counts added).
+
+  Args:
+    optimizer: an optimizer of any face, or a state (``opt.state``, the ``opt_state`` of
+      ``as_optax()``) with ``optimizer_def``.
+    optimizer_def: the definition a bare state belongs to.
+
+  Returns:
+    An int32 scalar (traceable: log it from inside ``jit``).
+
+  Raises:
+    TypeError: no `skip_bad_steps` in the definition, or ``optimizer`` is neither an
+      optimizer nor a state with its definition.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> import optcore
+    >>> opt = optcore.skip_bad_steps(optcore.sgd(0.1)).create({'w': jnp.zeros(1)})
+    >>> opt = opt.apply_gradient({'w': jnp.array([jnp.inf])})
+    >>> int(optcore.skipped_steps(opt)), opt.target['w']
+    (1, Array([0.], dtype=float32))
+  """
+  opt_def, state, _ = _source(optimizer, optimizer_def, "skipped_steps")
+  found = [s for s in jax.tree.leaves(state, is_leaf=_is_skip) if _is_skip(s)]
+  if not found:
+    raise TypeError(
+      f"optcore.skipped_steps: {opt_def.display_name()} skips no steps; wrap it: "
+      "optcore.skip_bad_steps(opt_def, window=..., sigmas=..., warmup=...)."
+    )
+  return sum((s.skipped for s in found[1:]), found[0].skipped)
+
+
+def _is_skip(x: Any) -> bool:
+  return isinstance(x, SkipState)
 
 
 def current_hyper_params(

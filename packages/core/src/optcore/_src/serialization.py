@@ -272,8 +272,9 @@ def _restore_leaf(ref: Any, value: Any, path: str, legacy: bool) -> Any:
   if np.shape(value) != ref_shape:
     raise StateDictError(
       f"at {path!r}: expected {describe(ref)}, found {describe(value)}. The state dict was "
-      "written for parameters of other shapes; restore into an optimizer created from "
-      "parameters of the same shapes."
+      "written for parameters of other shapes, or by a definition of other settings (a "
+      "skip_bad_steps window of another length); restore into an optimizer created from the "
+      "same parameters and settings."
     )
   ref_dtype = getattr(ref, "dtype", None)
   if ref_dtype is None and isinstance(ref, (bool, int, float, complex)):

@@ -1,0 +1,175 @@
+"""`skip_bad_steps`: a step whose gradient is not finite, or whose norm spikes above a rolling
+window's mean plus ``sigmas`` standard deviations, is skipped (one wrapper of the wrapper
+protocol, `optcore._src.wrapper`)."""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Any, ClassVar, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec
+
+from optcore._src.base import OptimizerDef
+from optcore._src.optimizer import OptimizerState
+from optcore._src.wrapper import StateWrapper
+
+PyTree = Any
+
+
+class SkipState(NamedTuple):
+  """The state of `skip_bad_steps`.
+
+  Attributes:
+    inner: the wrapped definition's ``param_states``.
+    norms: float32 ``(window,)``, the global gradient norms of the last accepted steps, a ring
+      buffer (entry ``accepted % window`` is written next).
+    accepted: int32, the steps accepted so far (the window holds ``min(accepted, window)``).
+    skipped: int32, the steps skipped so far.
+  """
+
+  inner: PyTree
+  norms: jax.Array
+  accepted: jax.Array
+  skipped: jax.Array
+
+
+def global_norm(grads: PyTree) -> jax.Array:
+  """The L2 norm of every gradient leaf together, in float32 (of a complex gradient, its
+  modulus); global under any sharding, as JAX reduces a sharded array whole."""
+  squares = [jnp.sum(jnp.abs(g).astype(jnp.float32) ** 2) for g in jax.tree.leaves(grads)]
+  return jnp.sqrt(sum(squares, jnp.zeros((), jnp.float32)))
+
+
+def _select(bad: jax.Array, old: Any, new: Any) -> Any:
+  """``old`` where ``bad``, else ``new``, in ``old``'s dtype (a PRNG key, dpsgd's, as a key)."""
+  if jnp.issubdtype(jnp.result_type(old), jax.dtypes.prng_key):
+    data = jnp.where(bad, jax.random.key_data(old), jax.random.key_data(new))
+    return jax.random.wrap_key_data(data, impl=jax.random.key_impl(old))
+  return jnp.where(bad, old, new).astype(jnp.result_type(old))
+
+
+class SkipBadSteps(StateWrapper):
+  """``optimizer_def`` that skips bad steps: see `skip_bad_steps`."""
+
+  name = "skip_bad_steps"
+  state_type = SkipState
+  config_arguments: ClassVar = MappingProxyType({"window": 100, "sigmas": 6.0, "warmup": 10})
+
+  def __init__(
+    self, optimizer_def: OptimizerDef, window: int = 100, sigmas: float = 6.0, warmup: int = 10
+  ):
+    for name, value in (("window", window), ("warmup", warmup)):
+      if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"skip_bad_steps: {name} must be a positive int, got {name}={value!r}")
+    if not isinstance(sigmas, (int, float)) or isinstance(sigmas, bool) or not sigmas > 0:
+      raise ValueError(f"skip_bad_steps: sigmas must be a positive number, got sigmas={sigmas!r}")
+    if warmup > window:
+      raise ValueError(
+        f"skip_bad_steps: warmup={warmup} is longer than window={window}: the rule would read "
+        "a window it cannot hold. Pass warmup <= window."
+      )
+    super().__init__(optimizer_def)
+    self.window, self.sigmas, self.warmup = int(window), float(sigmas), int(warmup)
+
+  def _twice_hint(self) -> str:
+    return "skip once (one window of norms decides)"
+
+  def init_state(self, params: PyTree) -> OptimizerState:
+    inner = self.optimizer_def.init_state(params)
+    zero = jnp.zeros((), jnp.int32)
+    own = SkipState(inner.param_states, jnp.zeros((self.window,), jnp.float32), zero, zero)
+    return OptimizerState(inner.step, own)
+
+  def is_bad(self, state: SkipState, norm: jax.Array) -> jax.Array:
+    """Whether a step of gradient norm ``norm`` is skipped: not finite, or, once ``warmup``
+    steps are in the window, above its mean plus ``sigmas`` (population) standard
+    deviations."""
+    held = jnp.minimum(state.accepted, self.window)
+    valid = jnp.arange(self.window) < held
+    count = jnp.maximum(held, 1).astype(jnp.float32)
+    mean = jnp.sum(jnp.where(valid, state.norms, 0.0)) / count
+    std = jnp.sqrt(jnp.sum(jnp.where(valid, (state.norms - mean) ** 2, 0.0)) / count)
+    spike = (held >= self.warmup) & (norm > mean + self.sigmas * std)
+    return ~jnp.isfinite(norm) | spike
+
+  def apply_gradient(
+    self, hyper_params: Any, params: PyTree, state: OptimizerState, grads: PyTree, **extra_args: Any
+  ) -> tuple[PyTree, OptimizerState]:
+    """The wrapped step, kept unless it is bad (`is_bad`); a skipped step leaves the
+    parameters, the wrapped state and its step count as they were and counts the skip."""
+    own = state.param_states
+    norm = global_norm(grads)
+    bad = self.is_bad(own, norm)
+    inner = OptimizerState(state.step, own.inner)
+    new_params, new_inner = self.optimizer_def.apply_gradient(
+      hyper_params, params, inner, grads, **extra_args
+    )
+    keep = lambda new, old: _select(bad, old, new)
+    new_params = jax.tree.map(keep, new_params, params)
+    new_inner = jax.tree.map(keep, new_inner, inner)
+    norms = jnp.where(bad, own.norms, own.norms.at[own.accepted % self.window].set(norm))
+    accepted = own.accepted + jnp.where(bad, 0, 1).astype(jnp.int32)
+    skipped = own.skipped + bad.astype(jnp.int32)
+    new_own = SkipState(new_inner.param_states, norms, accepted, skipped)
+    return new_params, OptimizerState(new_inner.step, new_own)
+
+  def derive_param_states_axes(self, param_states: Any, params: PyTree, params_axes: PyTree):
+    inner = self.optimizer_def.derive_param_states_axes(param_states.inner, params, params_axes)
+    return SkipState(inner, PartitionSpec(None), PartitionSpec(), PartitionSpec())
+
+  def __repr__(self) -> str:
+    return (
+      f"skip_bad_steps({self.optimizer_def!r}, window={self.window}, sigmas={self.sigmas}, "
+      f"warmup={self.warmup})"
+    )
+
+
+def skip_bad_steps(
+  optimizer_def: OptimizerDef, window: int = 100, sigmas: float = 6.0, warmup: int = 10
+) -> SkipBadSteps:
+  """Skips a step whose gradients are not finite, or whose norm spikes.
+
+  Each step computes the global L2 norm of the gradients (in float32, over every leaf, global
+  under any sharding). The step is skipped when the norm is not finite, or when at least
+  ``warmup`` accepted steps are in the window and the norm exceeds their mean plus ``sigmas``
+  standard deviations (the population deviation of the last ``window`` accepted norms; the
+  rule OLMo and levanter use). A skipped step changes nothing but the skip count: the
+  parameters, the wrapped state and the step count stay as they were, so schedules read the
+  same step again, and the window does not take the spike. The wrapped step is computed and
+  kept or dropped by a select (``jnp.where``), not ``lax.cond``: the update stays one fused
+  program, as `accumulate`'s does.
+
+  Under `accumulate`, ``accumulate(skip_bad_steps(...))`` judges each applied mean gradient,
+  and ``skip_bad_steps(accumulate(...))`` each mini-batch gradient (a skipped one is not added
+  to the mean). The window is state: sharded (replicated), in state dicts and checkpoints, so
+  a run restored mid-window decides as the uninterrupted one. Read the count with
+  `optcore.skipped_steps`.
+
+  Args:
+    optimizer_def: the definition whose steps are judged.
+    window: how many accepted norms the rule reads (a positive int).
+    sigmas: how many standard deviations above the mean a norm may be (positive).
+    warmup: accepted steps before the spike rule applies (non-finite norms are skipped
+      from the start); at most ``window``.
+
+  Returns:
+    A `SkipBadSteps` definition.
+
+  Raises:
+    ValueError: ``window``, ``warmup`` or ``sigmas`` is not positive, or ``warmup > window``.
+    TypeError: ``optimizer_def`` is not a definition, is grouped, or skips already.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> import optcore
+    >>> opt_def = optcore.skip_bad_steps(optcore.sgd(0.1), window=4, warmup=2)
+    >>> opt = opt_def.create({'w': jnp.zeros(1)})
+    >>> for g in (1.0, 1.1, 0.9, 50.0, jnp.nan, 1.0):
+    ...   opt = opt.apply_gradient({'w': jnp.full(1, g)})
+    >>> opt.target['w'], int(opt.state.step), int(optcore.skipped_steps(opt))
+    (Array([-0.4], dtype=float32), 4, 2)
+  """
+  return SkipBadSteps(optimizer_def, window, sigmas, warmup)
