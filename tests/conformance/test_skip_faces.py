@@ -66,3 +66,31 @@ def test_a_state_saved_mid_window_continues_in_every_face(saver, core):
     resumed = restorer.restore(base, {**restorer.state_dict(base), "state": saved})
     resumed = run(restorer, resumed, range(7, 16))
     assert_trees_equal(restorer.params(resumed), core.target)
+
+
+def test_every_face_passes_the_loss_as_value():
+  """The loss reaches the wrapper through each face's own spelling of optax's extra argument."""
+  import equinox as eqx
+
+  import optcore_equinox
+  import optcore_treex
+  from optcore_flax import nnx
+
+  opt_def = optcore.skip_bad_steps(optcore.sgd(0.1), window=4, warmup=2, watch="loss")
+  nan = jnp.float32(jnp.nan)
+  model = nnx.Linear(2, 1, rngs=nnx.Rngs(0))
+  optimizer = nnx.Optimizer(model, opt_def, wrt=nnx.Param)
+  g = nnx.grad(lambda m: jnp.sum(m(jnp.ones((1, 2)))))(model)
+  optimizer.update(model, g, value=jnp.float32(1.0))
+  optimizer.update(model, g, value=nan)
+  assert int(optcore.skipped_steps(optimizer)) == 1
+
+  eqx_model = eqx.nn.Linear(2, 1, key=jax.random.key(0))
+  eqx_opt = optcore_equinox.Optimizer(opt_def, eqx_model)
+  eqx_grads = jax.tree.map(jnp.ones_like, eqx_model)
+  eqx_model, eqx_opt = eqx_opt.update(eqx_grads, eqx_model, extra_args={"value": nan})
+  assert int(optcore.skipped_steps(eqx_opt)) == 1
+
+  treex_opt = optcore_treex.Optimizer(opt_def).init(params())
+  treex_opt.update(grads(0), params(), extra_args={"value": nan})
+  assert int(optcore.skipped_steps(treex_opt)) == 1

@@ -172,3 +172,33 @@ def test_skipped_steps_of_a_definition_that_skips_nothing_says_how_to():
     optcore.skipped_steps(optcore.adam(0.1).create(params()))
   with pytest.raises(TypeError, match="wraps skip_bad_steps twice"):
     optcore.skip_bad_steps(optcore.ema(skipping(), 0.9))
+
+
+def test_watching_the_loss_skips_its_spike_and_its_nan_as_the_hand_written_window():
+  losses = [2.0 - 0.05 * i for i in range(20)]
+  losses[9], losses[15] = 30.0, float("nan")
+  window = []
+  skipped = []
+  for loss in losses:
+    recent = np.asarray(window[-WINDOW:])
+    bad = not np.isfinite(loss) or (
+      len(recent) >= WARMUP and loss > recent.mean() + SIGMAS * recent.std()
+    )
+    skipped.append(bad)
+    if not bad:
+      window.append(loss)
+  assert [i for i, bad in enumerate(skipped) if bad] == [9, 15]
+  opt_def = optcore.skip_bad_steps(
+    optcore.adam(0.05), window=WINDOW, sigmas=SIGMAS, warmup=WARMUP, watch="loss"
+  )
+  opt = opt_def.create(params())
+  step = jax.jit(lambda opt, g, loss: opt.apply_gradient(g, extra_args={"value": loss}))
+  plain = [grads(i) for i in range(40, 60)]  # no bad gradients: only the losses decide
+  for g, loss in zip(plain, losses, strict=True):
+    opt = step(opt, g, jnp.float32(loss))
+  assert int(optcore.skipped_steps(opt)) == 2
+  assert_trees_equal(opt.target, optax_by_hand(plain, skipped))
+  with pytest.raises(TypeError, match=r"judges the loss: pass it, a scalar.*found nothing"):
+    opt.apply_gradient(plain[0])
+  with pytest.raises(ValueError, match="watch must be one of"):
+    optcore.skip_bad_steps(optcore.adam(0.1), watch="norm")

@@ -137,7 +137,7 @@ def test_every_wrapper_writes_and_reads_its_config_from_its_own_table(name):
     "mixed_precision": {"state_dtype": "bfloat16", "master_dtype": "float32"},
     "ema": {"decay": 0.5, "debias": True, "dtype": "float32"},
     "grouped": {"max_leaf_size": 7, "max_buffer_size": 11},
-    "skip_bad_steps": {"window": 20, "sigmas": 4.0, "warmup": 5},
+    "skip_bad_steps": {"window": 20, "sigmas": 4.0, "warmup": 5, "watch": "loss"},
   }[name]
   assert set(chosen) == set(cls.config_arguments)
   config = {"name": name, **chosen, "optimizer": {"name": "adam", "learning_rate": 0.01}}

@@ -173,6 +173,8 @@ class Optimizer(to.Tree):
     grads: PyTree,
     params: PyTree | None = None,
     apply_updates: bool = True,
+    *,
+    extra_args: tp.Mapping[str, tp.Any] | None = None,
     **hyper_param_overrides: tp.Any,
   ) -> PyTree:
     """Updates this optimizer's state; returns the new params, or the updates.
@@ -184,6 +186,8 @@ class Optimizer(to.Tree):
       grads: the gradients, in the parameters' structure.
       params: the parameters (needed with ``apply_updates=True``).
       apply_updates: False: return optax-style updates instead.
+      extra_args: optax's extra update arguments (``{"value": loss}`` for ``polyak_sgd`` or
+        ``optcore.skip_bad_steps(..., watch="loss")``), as the other faces take them.
       **hyper_param_overrides: values for this step only.
 
     Returns:
@@ -228,6 +232,7 @@ class Optimizer(to.Tree):
       params,
       optcore.OptimizerState(step, self.opt_state),
       grads,
+      extra_args=extra_args,
       apply_updates=apply_updates,
       **hyper_param_overrides,
     )

@@ -24,8 +24,9 @@ class SkipState(NamedTuple):
 
   Attributes:
     inner: the wrapped definition's ``param_states``.
-    norms: float32 ``(window,)``, the global gradient norms of the last accepted steps, a ring
-      buffer (entry ``accepted % window`` is written next).
+    norms: float32 ``(window,)``, what the last accepted steps were judged by (their global
+      gradient norms, or losses with ``watch="loss"``), a ring buffer (entry
+      ``accepted % window`` is written next).
     accepted: int32, the steps accepted so far (the window holds ``min(accepted, window)``).
     skipped: int32, the steps skipped so far.
   """
@@ -51,15 +52,26 @@ def _select(bad: jax.Array, old: Any, new: Any) -> Any:
   return jnp.where(bad, old, new).astype(jnp.result_type(old))
 
 
+#: What `skip_bad_steps` may judge: the gradients' global norm, or the loss passed as ``value``.
+WATCHED = ("grad_norm", "loss")
+
+
 class SkipBadSteps(StateWrapper):
   """``optimizer_def`` that skips bad steps: see `skip_bad_steps`."""
 
   name = "skip_bad_steps"
   state_type = SkipState
-  config_arguments: ClassVar = MappingProxyType({"window": 100, "sigmas": 6.0, "warmup": 10})
+  config_arguments: ClassVar = MappingProxyType(
+    {"window": 100, "sigmas": 6.0, "warmup": 10, "watch": "grad_norm"}
+  )
 
   def __init__(
-    self, optimizer_def: OptimizerDef, window: int = 100, sigmas: float = 6.0, warmup: int = 10
+    self,
+    optimizer_def: OptimizerDef,
+    window: int = 100,
+    sigmas: float = 6.0,
+    warmup: int = 10,
+    watch: str = "grad_norm",
   ):
     for name, value in (("window", window), ("warmup", warmup)):
       if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
@@ -71,8 +83,14 @@ class SkipBadSteps(StateWrapper):
         f"skip_bad_steps: warmup={warmup} is longer than window={window}: the rule would read "
         "a window it cannot hold. Pass warmup <= window."
       )
+    if watch not in WATCHED:
+      raise ValueError(
+        f"skip_bad_steps: watch must be one of {WATCHED} (what the window judges), got "
+        f"watch={watch!r}"
+      )
     super().__init__(optimizer_def)
     self.window, self.sigmas, self.warmup = int(window), float(sigmas), int(warmup)
+    self.watch = watch
 
   def _twice_hint(self) -> str:
     return "skip once (one window of norms decides)"
@@ -102,7 +120,20 @@ class SkipBadSteps(StateWrapper):
     parameters, the wrapped state and its step count as they were and counts the skip."""
     own = state.param_states
     norm = global_norm(grads)
-    bad = self.is_bad(own, norm)
+    watched = norm
+    if self.watch == "loss":
+      extra_args = dict(extra_args)
+      loss = extra_args.pop("value", None)  # the loss is this wrapper's; the rest go inside
+      if loss is None or jnp.shape(loss) != ():
+        found = "nothing" if loss is None else f"shape {jnp.shape(loss)}"
+        raise TypeError(
+          f"{self!r} judges the loss: pass it, a scalar, as optax's value argument "
+          "(opt.apply_gradient(grads, extra_args={'value': loss}); Equinox and Treex: "
+          "extra_args={'value': loss}; NNX and as_optax(): update(..., value=loss)); found "
+          f"{found}."
+        )
+      watched = jnp.asarray(loss, jnp.float32)
+    bad = self.is_bad(own, watched) | ~jnp.isfinite(norm)  # non-finite gradients, always
     inner = OptimizerState(state.step, own.inner)
     new_params, new_inner = self.optimizer_def.apply_gradient(
       hyper_params, params, inner, grads, **extra_args
@@ -110,7 +141,8 @@ class SkipBadSteps(StateWrapper):
     keep = lambda new, old: _select(bad, old, new)
     new_params = jax.tree.map(keep, new_params, params)
     new_inner = jax.tree.map(keep, new_inner, inner)
-    norms = jnp.where(bad, own.norms, own.norms.at[own.accepted % self.window].set(norm))
+    slot = own.accepted % self.window
+    norms = jnp.where(bad, own.norms, own.norms.at[slot].set(watched))
     accepted = own.accepted + jnp.where(bad, 0, 1).astype(jnp.int32)
     skipped = own.skipped + bad.astype(jnp.int32)
     new_own = SkipState(new_inner.param_states, norms, accepted, skipped)
@@ -121,22 +153,33 @@ class SkipBadSteps(StateWrapper):
     return SkipState(inner, PartitionSpec(None), PartitionSpec(), PartitionSpec())
 
   def __repr__(self) -> str:
+    watch = "" if self.watch == "grad_norm" else f", watch={self.watch!r}"
     return (
       f"skip_bad_steps({self.optimizer_def!r}, window={self.window}, sigmas={self.sigmas}, "
-      f"warmup={self.warmup})"
+      f"warmup={self.warmup}{watch})"
     )
 
 
 def skip_bad_steps(
-  optimizer_def: OptimizerDef, window: int = 100, sigmas: float = 6.0, warmup: int = 10
+  optimizer_def: OptimizerDef,
+  window: int = 100,
+  sigmas: float = 6.0,
+  warmup: int = 10,
+  *,
+  watch: str = "grad_norm",
 ) -> SkipBadSteps:
-  """Skips a step whose gradients are not finite, or whose norm spikes.
+  """Skips a step whose gradients are not finite, or whose gradient norm (or loss) spikes.
 
   Each step computes the global L2 norm of the gradients (in float32, over every leaf, global
   under any sharding). The step is skipped when the norm is not finite, or when at least
   ``warmup`` accepted steps are in the window and the norm exceeds their mean plus ``sigmas``
   standard deviations (the population deviation of the last ``window`` accepted norms; the
-  rule OLMo and levanter use). A skipped step changes nothing but the skip count: the
+  rule OLMo and levanter use). With ``watch="loss"`` the window holds losses instead, passed as
+  optax's ``value`` extra argument on each step (``opt.apply_gradient(grads,
+  extra_args={'value': loss})``; ``update(..., value=loss)`` in the NNX face and
+  ``as_optax()``): a non-finite or spiking loss is skipped, and so are non-finite gradients
+  still; the wrapper takes ``value`` for itself (a wrapped ``polyak_sgd`` does not see it).
+  A skipped step changes nothing but the skip count: the
   parameters, the wrapped state and the step count stay as they were, so schedules read the
   same step again, and the window does not take the spike. The wrapped step is computed and
   kept or dropped by a select (``jnp.where``), not ``lax.cond``: the update stays one fused
@@ -154,13 +197,16 @@ def skip_bad_steps(
     sigmas: how many standard deviations above the mean a norm may be (positive).
     warmup: accepted steps before the spike rule applies (non-finite norms are skipped
       from the start); at most ``window``.
+    watch: ``"grad_norm"`` (the default) or ``"loss"``: what the window judges.
 
   Returns:
     A `SkipBadSteps` definition.
 
   Raises:
-    ValueError: ``window``, ``warmup`` or ``sigmas`` is not positive, or ``warmup > window``.
-    TypeError: ``optimizer_def`` is not a definition, is grouped, or skips already.
+    ValueError: ``window``, ``warmup`` or ``sigmas`` is not positive, ``warmup > window``,
+      or ``watch`` is neither ``"grad_norm"`` nor ``"loss"``.
+    TypeError: ``optimizer_def`` is not a definition, is grouped, or skips already; from a
+      step of ``watch="loss"``, no scalar loss passed.
 
   Example:
     >>> import jax.numpy as jnp
@@ -172,4 +218,4 @@ def skip_bad_steps(
     >>> opt.target['w'], int(opt.state.step), int(optcore.skipped_steps(opt))
     (Array([-0.4], dtype=float32), 4, 2)
   """
-  return SkipBadSteps(optimizer_def, window, sigmas, warmup)
+  return SkipBadSteps(optimizer_def, window, sigmas, warmup, watch)
