@@ -203,3 +203,14 @@ def test_an_average_kept_by_one_group_of_a_multi_optimizer_is_read_out():
   assert multi.keeps_ema() and not optcore.MultiOptimizer(("w", optcore.sgd(0.1))).keeps_ema()
   with pytest.raises(TypeError, match="keeps no moving average"):
     _ = optcore.MultiOptimizer(("w|b", optcore.sgd(0.1))).create(params).ema_params
+
+
+@pytest.mark.parametrize("dtype", [None, jnp.float32])
+def test_a_step_that_donates_the_optimizer_takes_a_fresh_ema_optimizer(dtype):
+  """The average starts as a copy of the parameters, not their buffers: a jitted step with
+  donate_argnums=0 refused a fresh ema optimizer ("donate the same buffer twice")."""
+  step = jax.jit(lambda opt, g: opt.apply_gradient(g), donate_argnums=(0,))
+  opt = optcore.ema(optcore.adam(0.1), 0.9, dtype=dtype).create({"w": jnp.ones(3)})
+  for _ in range(2):
+    opt = step(opt, {"w": jnp.ones(3)})
+  assert int(opt.state.step) == 2

@@ -62,7 +62,9 @@ class Ema(StateWrapper):
     if self.debias:  # optax.ema's start: zeros, divided by 1 - decay**count when read
       average = jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), dtype(p)), params)
     else:
-      average = jax.tree.map(lambda p: jnp.asarray(p, dtype(p)), params)
+      # A copy, never the parameter's own buffer: a step that donates the optimizer (target
+      # and state) donates each buffer once.
+      average = jax.tree.map(lambda p: jnp.array(p, dtype(p), copy=True), params)
     return OptimizerState(
       inner.step, EmaState(inner.param_states, average, jnp.zeros((), jnp.int32))
     )
