@@ -7,7 +7,8 @@
                        per Python on two CPU cores (35 for all three), the first run a few
                        more for the installs; ``nox -s "tests-3.11(variant='core')"`` is one
   nox -s lint          ruff check and ruff format --check
-  nox -s demo          one config, four frameworks (examples/swap_frameworks.py)
+  nox -s demo          one config, five frameworks (examples/swap_frameworks.py)
+  nox -s spike         a run through a bad batch: statistics, a skipped step (spike_statistics.py)
   nox -s bench         the benchmarks (reports under benchmarks/results/)
   nox -s release       build the four sdists and wheels, twine check them, install each
                        extra from them into a clean venv as a user would
@@ -220,12 +221,21 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def demo(session: nox.Session) -> None:
-  """One config through the core, Flax, Equinox and Treex: the same numbers, a
+  """One config through the core, Flax, Flax NNX, Equinox and Treex: the same numbers, a
   checkpoint moved between frameworks, the loss curves in swap_frameworks.png."""
   session.log(f"Python {PYTHON}: the newest of {', '.join(PYTHONS)} that runs here")
   sync(session, None, "checkpoint", "demo")
   print_versions(session)
   session.run("python", "examples/swap_frameworks.py", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def spike(session: nox.Session) -> None:
+  """A run through a bad batch: per-layer statistics logged each step, the bad step skipped,
+  a restore mid-window, the statistics plotted to spike_statistics.png."""
+  sync(session, None, "demo")
+  print_versions(session)
+  session.run("python", "examples/spike_statistics.py", *session.posargs)
 
 
 @nox.session(python=PYTHON)
@@ -240,6 +250,7 @@ def bench(session: nox.Session) -> None:
   session.run("python", "benchmarks/grouped.py", *session.posargs)
   session.run("python", "benchmarks/equinox_step.py", *session.posargs)
   session.run("python", "benchmarks/nnx_step.py", *session.posargs)
+  session.run("python", "benchmarks/robustness.py", *session.posargs)
   session.run("python", "benchmarks/state_memory.py", env=EIGHT_CPU_DEVICES)
   session.run("python", "benchmarks/zero1.py", env=EIGHT_CPU_DEVICES)
   session.run("python", "benchmarks/training_at_scale.py", *session.posargs)

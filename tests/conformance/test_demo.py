@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import numpy as np
 from example_runner import EXAMPLES, run_example
 
 
@@ -36,3 +37,18 @@ def test_swap_frameworks_asks_for_matplotlib_before_it_trains():
   )
   assert "--plot ''" in result.stderr
   assert "Training" not in result.stdout
+
+
+def test_the_spike_example_skips_the_bad_batch_and_plots_it(tmp_path):
+  plot = tmp_path / "spike.png"
+  stdout = run_example("spike_statistics.py", "--steps", "100", "--plot", str(plot))
+  assert "skipped steps: 1; the bad step's update norm: 0.0" in stdout
+  assert "the logged norms of step 79 match a hand computation: True" in stdout
+  assert "mid-window: the same parameters bitwise: True" in stdout
+  assert plot.read_bytes()[:4] == b"\x89PNG"
+  import matplotlib.image
+
+  pixels = matplotlib.image.imread(plot)[..., :3]
+  near = lambda rgb: (abs(pixels - (np.array(rgb) / 255)).sum(axis=-1) < 0.1).sum()
+  assert near((31, 119, 180)) > 200 and near((255, 127, 14)) > 200  # layer0's and layer1's lines
+  assert near((255, 0, 0)) > 20  # the skipped step's marker

@@ -202,3 +202,13 @@ def test_watching_the_loss_skips_its_spike_and_its_nan_as_the_hand_written_windo
     opt.apply_gradient(plain[0])
   with pytest.raises(ValueError, match="watch must be one of"):
     optcore.skip_bad_steps(optcore.adam(0.1), watch="norm")
+
+
+def test_a_step_that_donates_the_optimizer_takes_a_fresh_one():
+  """Every state array is its own buffer: a jitted step with donate_argnums=0 (the usual
+  way to update in place) takes the optimizer skip_bad_steps creates."""
+  step = jax.jit(lambda opt, g: opt.apply_gradient(g), donate_argnums=(0,))
+  opt = skipping().create(jax.tree.map(jnp.copy, params()))
+  for i in range(3):
+    opt = step(opt, grads(i))
+  assert int(opt.state.step) == 3

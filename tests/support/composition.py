@@ -17,6 +17,7 @@ WRAPPERS = {
   "ema": lambda d: optcore.ema(d, 0.9),
   "mixed_precision": lambda d: optcore.mixed_precision(d, state_dtype=BF16, master_dtype=F32),
   "skip_bad_steps": lambda d: optcore.skip_bad_steps(d, window=4, warmup=2),
+  "with_statistics": lambda d: optcore.with_statistics(d),
 }
 ALGORITHMS = {
   "adam": lambda: optcore.adam(1e-2),

@@ -26,6 +26,7 @@ its own optimizer object, through its public API only:
   keeps, through the face's own accessor, as a plain dict;
 - ``eval_params(handle)``: where a schedule-free definition evaluates, through the face's own
   accessor, as a plain dict;
+- ``statistics(handle)``: `optcore.statistics` of the face's own optimizer;
 - ``current_hyper_params(handle)``: the face's own ``current_hyper_params()``;
 - ``transplant(handle, state_dict)``: ``(handle, report)`` through
   `optcore.transplant` (the face's parameters passed where it does not hold them).
@@ -65,6 +66,7 @@ class Face:
   create_sharded: Callable[..., PyTree] | None = None
   ema_params: Callable[[PyTree], dict] | None = None
   eval_params: Callable[[PyTree], dict] | None = None
+  statistics: Callable[[PyTree], dict] | None = None
   current_hyper_params: Callable[[PyTree], dict] | None = None
   transplant: Callable[[PyTree, Any], tuple[PyTree, Any]] | None = None
 
@@ -94,6 +96,7 @@ CORE = Face(
   ),
   ema_params=lambda opt: opt.ema_params,
   eval_params=lambda opt: opt.eval_params,
+  statistics=optcore.statistics,
   current_hyper_params=lambda opt: opt.current_hyper_params(),
   transplant=optcore.transplant,
 )
@@ -158,6 +161,7 @@ FLAX = Face(
   create_sharded=_flax_create_sharded,
   ema_params=lambda opt: _unfreeze(opt.ema_params),
   eval_params=lambda opt: _unfreeze(opt.eval_params),
+  statistics=optcore.statistics,
   current_hyper_params=lambda opt: opt.current_hyper_params(),
   transplant=optcore.transplant,
 )
@@ -244,6 +248,7 @@ EQUINOX = Face(
   create_sharded=_eqx_create_sharded,
   ema_params=lambda handle: _fields(handle[1].ema_params(handle[0])),
   eval_params=lambda handle: _fields(handle[1].eval_params(handle[0])),
+  statistics=lambda handle: optcore.statistics(handle[1]),
   current_hyper_params=lambda handle: handle[1].current_hyper_params(),
   transplant=_transplant_optimizer,
 )
@@ -319,6 +324,7 @@ TREEX = Face(
   create_sharded=_treex_create_sharded,
   ema_params=lambda handle: _fields(handle[1].ema_params),
   eval_params=lambda handle: _fields(handle[1].eval_params(handle[0])),
+  statistics=lambda handle: optcore.statistics(handle[1]),
   current_hyper_params=lambda handle: handle[1].current_hyper_params(),
   transplant=_transplant_optimizer,
 )
@@ -442,6 +448,7 @@ NNX = Face(
   create_sharded=_nnx_create_sharded,
   ema_params=_nnx_ema_params,
   eval_params=_nnx_eval_params,
+  statistics=lambda handle: optcore.statistics(_nnx_merge(handle)[1]),
   current_hyper_params=lambda handle: _nnx_merge(handle)[1].current_hyper_params(),
   transplant=_nnx_transplant,
 )
@@ -513,6 +520,7 @@ ADAPTER = Face(
   create_sharded=_adapter_create_sharded,
   ema_params=lambda handle: handle[0].ema_params(handle[2]),
   eval_params=lambda handle: optcore.eval_params(handle[2], handle[1], optimizer_def=handle[0]),
+  statistics=lambda handle: optcore.statistics(handle[2], optimizer_def=handle[0]),
   current_hyper_params=lambda handle: handle[0].current_hyper_params(handle[2]),
   transplant=_adapter_transplant,
 )

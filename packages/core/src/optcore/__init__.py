@@ -96,6 +96,7 @@ from optcore._src.readouts import current_hyper_params as current_hyper_params
 from optcore._src.readouts import ema_params as ema_params
 from optcore._src.readouts import eval_params as eval_params
 from optcore._src.readouts import skipped_steps as skipped_steps
+from optcore._src.readouts import statistics as statistics
 from optcore._src.serialization import StateDictError as StateDictError
 from optcore._src.serialization import from_state_dict as from_state_dict
 from optcore._src.serialization import to_state_dict as to_state_dict
@@ -106,6 +107,9 @@ from optcore._src.skip import SkipBadSteps as SkipBadSteps
 from optcore._src.skip import SkipState as SkipState
 from optcore._src.skip import skip_bad_steps as skip_bad_steps
 from optcore._src.state_axes import Placement as Placement
+from optcore._src.statistics import StatisticsState as StatisticsState
+from optcore._src.statistics import WithStatistics as WithStatistics
+from optcore._src.statistics import with_statistics as with_statistics
 from optcore._src.transplant import TransplantEntry as TransplantEntry
 from optcore._src.transplant import TransplantReport as TransplantReport
 from optcore._src.transplant import transplant as transplant
@@ -167,10 +171,12 @@ __all__ = [
   "SkipBadSteps",
   "SkipState",
   "StateDictError",
+  "StatisticsState",
   "TransplantEntry",
   "TransplantReport",
   "TreeMismatchError",
   "UngroupableError",
+  "WithStatistics",
   "accumulate",
   "adabelief",
   "adadelta",
@@ -227,9 +233,11 @@ __all__ = [
   "skip_bad_steps",
   "skipped_steps",
   "sm3",
+  "statistics",
   "t5x",
   "to_state_dict",
   "transplant",
+  "with_statistics",
   "wrap_optax_optimizer",
   "yogi",
 ]

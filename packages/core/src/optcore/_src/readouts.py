@@ -22,6 +22,7 @@ from optcore._src import paths, schedule_free
 from optcore._src.base import OptimizerDef
 from optcore._src.optimizer import OptimizerState, fill_unaveraged
 from optcore._src.skip import SkipState
+from optcore._src.statistics import StatisticsState, as_flat_dict
 
 PyTree = Any
 
@@ -193,6 +194,49 @@ def skipped_steps(optimizer: Any, *, optimizer_def: OptimizerDef | None = None) 
       "optcore.skip_bad_steps(opt_def, window=..., sigmas=..., warmup=...)."
     )
   return sum((s.skipped for s in found[1:]), found[0].skipped)
+
+
+def statistics(optimizer: Any, *, optimizer_def: OptimizerDef | None = None) -> dict[str, Any]:
+  """The last step's per-group norms that an `optcore.with_statistics` keeps, as a flat dict of
+  float32 scalars for any logger: ``'{group}/grad_norm'``, ``'{group}/update_norm'``,
+  ``'{group}/param_norm'`` (after the update) and ``'{group}/update_ratio'`` for each group and
+  for ``'global'``.
+
+  Args:
+    optimizer: an optimizer of any face, or a state (``opt.state``, the ``opt_state`` of
+      ``as_optax()``) with ``optimizer_def``.
+    optimizer_def: the definition a bare state belongs to.
+
+  Returns:
+    ``{name: float32 scalar}`` (traceable: return it from a jitted step to log it).
+
+  Raises:
+    TypeError: no `with_statistics` in the definition, or ``optimizer`` is neither an
+      optimizer nor a state with its definition.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> import optcore
+    >>> opt = optcore.with_statistics(optcore.sgd(0.1)).create({'w': jnp.ones(4)})
+    >>> stats = optcore.statistics(opt.apply_gradient({'w': jnp.ones(4)}))
+    >>> sorted(stats)[:4], float(stats['w/grad_norm'])
+    (['global/grad_norm', 'global/param_norm', 'global/update_norm', 'global/update_ratio'], 2.0)
+  """
+  opt_def, state, _ = _source(optimizer, optimizer_def, "statistics")
+  found = [s for s in jax.tree.leaves(state, is_leaf=_is_statistics) if _is_statistics(s)]
+  if not found:
+    raise TypeError(
+      f"optcore.statistics: {opt_def.display_name()} keeps no statistics; wrap it: "
+      "optcore.with_statistics(opt_def, groups=...)."
+    )
+  out: dict[str, Any] = {}
+  for kept in found:
+    out.update(as_flat_dict(kept.values))
+  return out
+
+
+def _is_statistics(x: Any) -> bool:
+  return isinstance(x, StatisticsState)
 
 
 def _is_skip(x: Any) -> bool:

@@ -97,8 +97,9 @@ class SkipBadSteps(StateWrapper):
 
   def init_state(self, params: PyTree) -> OptimizerState:
     inner = self.optimizer_def.init_state(params)
-    zero = jnp.zeros((), jnp.int32)
-    own = SkipState(inner.param_states, jnp.zeros((self.window,), jnp.float32), zero, zero)
+    norms = jnp.zeros((self.window,), jnp.float32)
+    # Two arrays, never one twice: a step that donates the state donates each buffer once.
+    own = SkipState(inner.param_states, norms, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
     return OptimizerState(inner.step, own)
 
   def is_bad(self, state: SkipState, norm: jax.Array) -> jax.Array:

@@ -1,0 +1,111 @@
+"""What watching and guarding a run costs: `with_statistics` and `skip_bad_steps` against the
+same adamw step without them.
+
+Each row times a jitted adamw step (with donation) three ways, every one against the bare step,
+compile-order balanced over shuffled rounds (timing.py):
+
+  statistics  optcore.with_statistics(adamw): per-group grad, update and parameter norms
+  skip        optcore.skip_bad_steps(adamw): the global norm, the window rule and a select
+  A/A         the bare step against a separately built bare step (the noise band)
+
+for a model of 300 small leaves and one of 10 large ones. skip_bad_steps keeps or drops the
+update with a select (jnp.where), not lax.cond: the update stays one fused program, and on a
+skipped step the work is done and dropped (a skip is rare; a cond's branch would be compiled
+apart from the rest and cost on every step).
+
+  python benchmarks/robustness.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+from pathlib import Path
+
+import jax
+import optax
+from timing import balanced_ratio, device_name, make_params
+
+import optcore
+
+RESULTS = Path(__file__).parent / "results"
+DEFS = {
+  "bare": lambda: optcore.adamw(1e-3),
+  "control": lambda: optcore.adamw(1e-3),
+  "statistics": lambda: optcore.with_statistics(optcore.adamw(1e-3)),
+  "skip": lambda: optcore.skip_bad_steps(optcore.adamw(1e-3)),
+}
+
+
+def runner(key: str, params: dict, steps: int):
+  opt = DEFS[key]().create(jax.tree.map(jax.numpy.copy, params))  # its own: the step donates
+  grads = jax.tree.map(lambda p: 1e-3 * jax.numpy.ones_like(p), params)
+  step = jax.jit(lambda opt, g: opt.apply_gradient(g), donate_argnums=(0,))
+  holder = [opt]
+
+  def run():
+    (opt,) = holder
+    for _ in range(steps):
+      opt = step(opt, grads)
+    jax.block_until_ready(opt)
+    holder[:] = [opt]
+
+  return run
+
+
+def bench(total: int, leaves: int, rounds: int, steps: int) -> dict:
+  params = make_params(total, leaves)
+  build = lambda key: runner(key, params, steps)
+  row = {"params": int(sum(p.size for p in params.values())), "leaves": len(params)}
+  for key in ("statistics", "skip", "control"):
+    result = balanced_ratio(build, "bare", key, rounds, steps)
+    row[key] = result["ratio"][0]
+    row[f"{key}_quartiles"] = result["ratio"][1:]
+    if key == "control":
+      times = sorted(result["base_times"])
+      row["bare_ms"] = 1e3 * times[len(times) // 2]
+  return row
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--rounds", type=int, default=11)
+  parser.add_argument("--steps", type=int, default=30)
+  parser.add_argument("--quick", action="store_true")
+  args = parser.parse_args()
+  shapes = [(500_000, 300), (4_000_000, 10)]
+  if args.quick:
+    shapes, args.rounds, args.steps = [(10_000, 20)], 3, 3
+  device = jax.devices()[0]
+  machine = f"{device_name(device)}, {platform.machine()}, jax {jax.__version__}"
+  print(f"device: {machine}; optax {optax.__version__}")
+  rows = []
+  for total, leaves in shapes:
+    row = bench(total, leaves, args.rounds, args.steps)
+    rows.append(row)
+    print(
+      f"{row['params'] / 1e6:.2f}M params in {row['leaves']} leaves: bare {row['bare_ms']:.3f} ms"
+      f" | with_statistics x{row['statistics']:.3f} | skip_bad_steps x{row['skip']:.3f} | "
+      f"A/A x{row['control']:.3f}"
+    )
+  RESULTS.mkdir(exist_ok=True)
+  (RESULTS / "robustness.json").write_text(json.dumps({"device": machine, "rows": rows}, indent=2))
+  q = lambda r, k: f"{r[k]:.3f} [{r[k + '_quartiles'][0]:.3f}-{r[k + '_quartiles'][1]:.3f}]"
+  lines = [
+    f"adamw step, jitted ({machine}); each ratio over the bare step, median [quartiles].",
+    "",
+    "| params | leaves | bare step (ms) | with_statistics | skip_bad_steps | A/A control |",
+    "|---|---|---|---|---|---|",
+  ]
+  for r in rows:
+    lines.append(
+      f"| {r['params'] / 1e6:.2f}M | {r['leaves']} | {r['bare_ms']:.3f} | {q(r, 'statistics')} "
+      f"| {q(r, 'skip')} | {q(r, 'control')} |"
+    )
+  (RESULTS / "robustness.md").write_text("\n".join(lines) + "\n")
+  print(f"wrote {RESULTS / 'robustness.md'}")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,202 @@
+"""`with_statistics`: per-layer gradient, update and parameter norms, computed inside the step
+and kept in the state for logging (one wrapper of the wrapper protocol, `optcore._src.wrapper`)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, ClassVar, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec
+
+from optcore._src.base import OptimizerDef
+from optcore._src.optimizer import OptimizerState
+from optcore._src.traversal import leaves_with_paths
+from optcore._src.wrapper import StateWrapper
+
+PyTree = Any
+
+#: The name of the group of every parameter together.
+GLOBAL = "global"
+#: What each group's entry holds, in order.
+FIELDS = ("grad_norm", "update_norm", "param_norm")
+
+
+class StatisticsState(NamedTuple):
+  """The state of `with_statistics`.
+
+  Attributes:
+    inner: the wrapped definition's ``param_states``.
+    values: ``{group: float32 (3,)}``, the last step's gradient, update and parameter (after
+      the update) L2 norms of each group, ``'global'`` for all parameters together.
+  """
+
+  inner: PyTree
+  values: dict[str, jax.Array]
+
+
+class WithStatistics(StateWrapper):
+  """``optimizer_def`` with per-group norms kept for logging: see `with_statistics`."""
+
+  name = "with_statistics"
+  state_type = StatisticsState
+  config_arguments: ClassVar = MappingProxyType({"groups": 1})
+
+  def __init__(self, optimizer_def: OptimizerDef, groups: int | Mapping[str, str] = 1):
+    if isinstance(groups, Mapping):
+      for group, pattern in groups.items():
+        if not isinstance(group, str) or not isinstance(pattern, str) or group == GLOBAL:
+          raise TypeError(
+            "with_statistics: groups maps a group name (a str other than 'global', which is "
+            f"every parameter) to a path regex; got {group!r}: {pattern!r}"
+          )
+        try:
+          re.compile(pattern)
+        except re.error as e:
+          raise ValueError(
+            f"with_statistics: group {group!r}: {pattern!r} is no regex ({e})"
+          ) from None
+      groups = dict(groups)
+    elif not isinstance(groups, (int, np.integer)) or isinstance(groups, bool) or groups < 1:
+      raise TypeError(
+        "with_statistics: groups is a path depth (1: one group per top-level key) or a dict "
+        f"from group names to path regexes; got groups={groups!r}"
+      )
+    else:
+      groups = int(groups)
+    super().__init__(optimizer_def)
+    self.groups = groups
+
+  def _twice_hint(self) -> str:
+    return "keep one set of statistics (groups= chooses what each line sums)"
+
+  def _static_key(self) -> tuple:
+    groups = tuple(sorted(self.groups.items())) if isinstance(self.groups, dict) else self.groups
+    return (type(self), self.optimizer_def, groups)
+
+  def group_of(self, path: str) -> str | None:
+    """The group a parameter at ``path`` (``'/layers/0/attention/kernel'``) is summed in: the
+    first of ``groups`` whose regex it matches, or its first ``groups`` path components;
+    None when no regex matches (it counts in ``'global'`` only)."""
+    if isinstance(self.groups, dict):
+      return next((g for g, p in self.groups.items() if re.search(p, path)), None)
+    return "/".join(path.split("/")[1 : 1 + self.groups]) or GLOBAL
+
+  def _assignment(self, params: PyTree) -> tuple[list[str | None], list[str]]:
+    """Each leaf's group, in flatten order, and the groups' names (sorted, then 'global')."""
+    named, _ = leaves_with_paths(params)
+    assigned = [self.group_of(path) for path, _ in named]
+    names = sorted({g for g in assigned if g is not None and g != GLOBAL})
+    if isinstance(self.groups, dict):
+      names = [g for g in self.groups if g != GLOBAL]  # the user's order, every group
+    return assigned, [*names, GLOBAL]
+
+  def init_state(self, params: PyTree) -> OptimizerState:
+    inner = self.optimizer_def.init_state(params)
+    _, names = self._assignment(params)
+    values = {name: jnp.zeros((len(FIELDS),), jnp.float32) for name in names}
+    return OptimizerState(inner.step, StatisticsState(inner.param_states, values))
+
+  def apply_gradient(
+    self, hyper_params: Any, params: PyTree, state: OptimizerState, grads: PyTree, **extra_args: Any
+  ) -> tuple[PyTree, OptimizerState]:
+    """The wrapped step, then each group's norms of the gradients, of the update (new minus
+    old parameters) and of the new parameters; a few reductions, global under sharding."""
+    own = state.param_states
+    new_params, new_inner = self.optimizer_def.apply_gradient(
+      hyper_params, params, OptimizerState(state.step, own.inner), grads, **extra_args
+    )
+    assigned, names = self._assignment(params)
+    treedef = jax.tree.structure(params)
+    columns = []
+    for new, old, g in zip(
+      jax.tree.leaves(new_params),
+      jax.tree.leaves(params),
+      treedef.flatten_up_to(grads),
+      strict=True,
+    ):
+      update = jnp.asarray(new, jnp.float32) - jnp.asarray(old, jnp.float32)
+      columns.append(
+        jnp.stack([_square_sum(g), _square_sum(update), _square_sum(jnp.asarray(new))])
+      )
+    values = {}
+    for name in names:
+      mine = [c for c, g in zip(columns, assigned, strict=True) if name == GLOBAL or g == name]
+      total = sum(mine[1:], mine[0]) if mine else jnp.zeros((len(FIELDS),), jnp.float32)
+      values[name] = jnp.sqrt(total)
+    new_own = StatisticsState(new_inner.param_states, values)
+    return new_params, OptimizerState(new_inner.step, new_own)
+
+  def derive_param_states_axes(self, param_states: Any, params: PyTree, params_axes: PyTree):
+    inner = self.optimizer_def.derive_param_states_axes(param_states.inner, params, params_axes)
+    return StatisticsState(inner, {name: PartitionSpec(None) for name in param_states.values})
+
+  def __repr__(self) -> str:
+    groups = "" if self.groups == 1 else f", groups={self.groups!r}"
+    return f"with_statistics({self.optimizer_def!r}{groups})"
+
+
+def _square_sum(x: Any) -> jax.Array:
+  """The sum of squares of ``x``'s magnitudes, in float32 (a complex gradient's modulus)."""
+  return jnp.sum(jnp.abs(x).astype(jnp.float32) ** 2)
+
+
+def as_flat_dict(values: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+  """``{'{group}/grad_norm': ..., '{group}/update_norm': ..., '{group}/param_norm': ...,
+  '{group}/update_ratio': ...}`` from a `StatisticsState`'s ``values``."""
+  out = {}
+  for group, row in values.items():
+    for i, field in enumerate(FIELDS):
+      out[f"{group}/{field}"] = row[i]
+    out[f"{group}/update_ratio"] = row[1] / jnp.where(row[2] > 0, row[2], 1.0)
+  return out
+
+
+def with_statistics(
+  optimizer_def: OptimizerDef, groups: int | Mapping[str, str] = 1
+) -> WithStatistics:
+  """Per-layer statistics of every step, computed inside it and kept for logging.
+
+  Each step computes, per group of parameters and for all of them (``'global'``), the L2 norm
+  of the gradients, of the update (new minus old parameters) and of the parameters after it:
+  a few reductions inside the jitted step, global under any sharding and ZeRO-1 (JAX reduces a
+  sharded array whole). `optcore.statistics` returns them as a flat dict of scalars with stable
+  names, ``'{group}/grad_norm'``, ``'{group}/update_norm'``, ``'{group}/param_norm'`` and
+  ``'{group}/update_ratio'`` (update over parameter norm), for any logger (TensorBoard, CLU,
+  W&B: optcore depends on none). The values are the last step's; they are state (replicated,
+  in state dicts and checkpoints). A definition without the wrapper compiles to the same step
+  as before.
+
+  Under `skip_bad_steps`, ``with_statistics(skip_bad_steps(...))`` shows a skipped step's
+  gradient norm with a zero update; under `accumulate`, ``accumulate(with_statistics(...))``
+  shows each applied update's, ``with_statistics(accumulate(...))`` every call's.
+
+  Args:
+    optimizer_def: the definition whose steps are measured.
+    groups: a path depth (1, the default: one group per top-level key; 2: ``'layers/0'``, ...)
+      or a dict from group names to path regexes (``{'attention': r'/attn/'}``; a parameter
+      joins the first group it matches, and only ``'global'`` if none).
+
+  Returns:
+    A `WithStatistics` definition.
+
+  Raises:
+    TypeError: ``groups`` is neither a positive depth nor a dict of regexes (``'global'`` is
+      taken), or ``optimizer_def`` is not a definition, is grouped, or has statistics already.
+    ValueError: a group's pattern is no regex.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> import optcore
+    >>> params = {'dense': {'kernel': jnp.ones((2, 2))}, 'head': {'bias': jnp.ones(3)}}
+    >>> opt = optcore.with_statistics(optcore.sgd(0.5)).create(params)
+    >>> grads = {'dense': {'kernel': jnp.ones((2, 2))}, 'head': {'bias': jnp.zeros(3)}}
+    >>> stats = optcore.statistics(opt.apply_gradient(grads))
+    >>> [float(stats[k]) for k in ('dense/grad_norm', 'dense/update_norm', 'global/param_norm')]
+    [2.0, 1.0, 2.0]
+  """
+  return WithStatistics(optimizer_def, groups)

@@ -1,0 +1,114 @@
+"""optcore.with_statistics / optcore.statistics: each group's gradient, update and parameter
+norms equal the norms computed by hand (NumPy, float64) from the same gradients and the
+parameters before and after the step; groups by path depth and by regex; a skipped step's
+statistics; the names and the errors (issue 40)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import optcore
+
+
+def params():
+  rng = np.random.default_rng(0)
+  layer = lambda: {
+    "attention": {"kernel": jnp.asarray(rng.normal(size=(4, 4)), jnp.float32)},
+    "mlp": {"kernel": jnp.asarray(rng.normal(size=(4, 8)), jnp.float32)},
+  }
+  return {"layers": [layer(), layer()], "head": {"bias": jnp.asarray(rng.normal(size=3))}}
+
+
+def grads(i, tree):
+  key = jax.random.key(i)
+  leaves, treedef = jax.tree.flatten(tree)
+  return treedef.unflatten(
+    [jax.random.normal(jax.random.fold_in(key, j), x.shape) for j, x in enumerate(leaves)]
+  )
+
+
+def by_hand(before, after, g, group_of):
+  """{group/field: float} from the leaves' paths, in float64."""
+  sums: dict[str, np.ndarray] = {}
+  named, _ = optcore.leaves_with_paths(before)
+  for (path, old), new, grad in zip(named, jax.tree.leaves(after), jax.tree.leaves(g), strict=True):
+    old, new, grad = (np.asarray(x, np.float64) for x in (old, new, grad))
+    row = np.array([np.sum(grad**2), np.sum((new - old) ** 2), np.sum(new**2)])
+    for group in {group_of(path), "global"} - {None}:
+      sums[group] = sums.get(group, 0) + row
+  out = {}
+  for group, row in sums.items():
+    norms = np.sqrt(row)
+    out |= {f"{group}/grad_norm": norms[0], f"{group}/update_norm": norms[1]}
+    out |= {f"{group}/param_norm": norms[2], f"{group}/update_ratio": norms[1] / norms[2]}
+  return out
+
+
+STEP = jax.jit(lambda opt, g: opt.apply_gradient(g))
+
+
+@pytest.mark.parametrize(
+  ("groups", "group_of"),
+  [
+    (1, lambda path: path.split("/")[1]),
+    (2, lambda path: "/".join(path.split("/")[1:3])),
+    ({"attention": "/attention/", "mlp": "/mlp/"}, lambda path: path.split("/")[3]
+     if path.startswith("/layers") else None),
+  ],
+  ids=["depth 1", "depth 2", "regex"],
+)  # fmt: skip
+def test_the_statistics_are_the_norms_computed_by_hand(groups, group_of):
+  opt = optcore.with_statistics(optcore.adamw(0.1, weight_decay=0.1), groups).create(params())
+  for i in range(3):
+    before, g = opt.target, grads(i, opt.target)
+    opt = STEP(opt, g)
+  got = optcore.statistics(opt)
+  want = by_hand(before, opt.target, g, group_of)
+  assert set(got) == set(want)
+  for name, value in want.items():
+    np.testing.assert_allclose(float(got[name]), value, rtol=2e-6, err_msg=name)
+
+
+def test_names_are_stable_and_the_statistics_come_out_of_jit():
+  opt = optcore.with_statistics(optcore.sgd(0.1)).create(params())
+  step = jax.jit(lambda opt, g: (lambda o: (o, optcore.statistics(o)))(opt.apply_gradient(g)))
+  opt, stats = step(opt, grads(0, opt.target))
+  fields = ("grad_norm", "update_norm", "param_norm", "update_ratio")
+  assert sorted(stats) == sorted(f"{g}/{f}" for g in ("layers", "head", "global") for f in fields)
+  assert {x.shape for x in stats.values()} == {()}
+  assert {x.dtype for x in stats.values()} == {jnp.dtype(jnp.float32)}
+
+
+def test_a_skipped_step_shows_its_gradient_and_no_update():
+  opt_def = optcore.with_statistics(optcore.skip_bad_steps(optcore.sgd(0.1), warmup=2))
+  opt = opt_def.create(params())
+  for i in range(3):
+    opt = STEP(opt, grads(i, opt.target))
+  spike = jax.tree.map(lambda x: 1000 * x, grads(3, opt.target))
+  opt = STEP(opt, spike)
+  stats = optcore.statistics(opt)
+  assert int(optcore.skipped_steps(opt)) == 1
+  assert float(stats["global/update_norm"]) == 0.0
+  squares = sum(np.sum(np.asarray(x, np.float64) ** 2) for x in jax.tree.leaves(spike))
+  np.testing.assert_allclose(float(stats["global/grad_norm"]), np.sqrt(squares), rtol=2e-6)
+
+
+@pytest.mark.parametrize(
+  ("groups", "error", "match"),
+  [
+    (0, TypeError, "a path depth"),
+    ({"global": "x"}, TypeError, "other than 'global'"),
+    ({"a": "("}, ValueError, "is no regex"),
+  ],
+)
+def test_wrong_groups_are_refused_by_name(groups, error, match):
+  with pytest.raises(error, match=match):
+    optcore.with_statistics(optcore.sgd(0.1), groups)
+
+
+def test_statistics_of_a_definition_without_them_says_how_to_keep_them():
+  with pytest.raises(TypeError, match=r"keeps no statistics; wrap it: optcore\.with_statistics"):
+    optcore.statistics(optcore.sgd(0.1).create(params()))
