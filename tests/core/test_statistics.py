@@ -112,3 +112,24 @@ def test_wrong_groups_are_refused_by_name(groups, error, match):
 def test_statistics_of_a_definition_without_them_says_how_to_keep_them():
   with pytest.raises(TypeError, match=r"keeps no statistics; wrap it: optcore\.with_statistics"):
     optcore.statistics(optcore.sgd(0.1).create(params()))
+
+
+def test_the_read_outs_take_the_state_of_as_optax_with_its_definition():
+  opt_def = optcore.with_statistics(optcore.skip_bad_steps(optcore.adam(0.1), warmup=2))
+  tx = opt_def.as_optax()
+  p = {"w": jnp.ones(4)}
+  state = tx.init(p)
+  _, state = tx.update({"w": 2 * jnp.ones(4)}, state, p)
+  _, state = tx.update({"w": jnp.full(4, jnp.nan)}, state, p)
+  stats = optcore.statistics(state, optimizer_def=opt_def)
+  assert np.isnan(float(stats["w/grad_norm"])) and float(stats["w/update_norm"]) == 0.0
+  assert int(optcore.skipped_steps(state, optimizer_def=opt_def)) == 1
+  with pytest.raises(TypeError, match=r"optcore\.statistics\(opt_state, optimizer_def=opt_def\)"):
+    optcore.statistics(state)
+
+
+def test_a_depth_past_the_deepest_path_gives_one_group_per_parameter():
+  opt = optcore.with_statistics(optcore.sgd(0.1), groups=9).create(params())
+  stats = optcore.statistics(STEP(opt, grads(0, opt.target)))
+  names = {k.rsplit("/", 1)[0] for k in stats} - {"global"}
+  assert names == {p.lstrip("/") for p, _ in optcore.leaves_with_paths(params())[0]}
