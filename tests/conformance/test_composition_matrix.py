@@ -1,6 +1,7 @@
-"""The wrappers composed, in every face: each of `accumulate`, `ema` and `mixed_precision`
-alone and every ordered pair of them, around one algorithm and around a `MultiOptimizer`,
-generated from the tables below, so a new wrapper or face joins by one line.
+"""The wrappers composed, in every face: each wrapper alone and the ordered pairs of
+`composition.ORDERS` (every pair on the newest Python, ``OPTCORE_FULL_MATRIX=1``), around one
+algorithm and around a `MultiOptimizer`, generated from the tables below, so a new wrapper or
+face joins by one line.
 
 Each case trains bfloat16 parameters for five calls (the last in the middle of an
 accumulation window) in each face of `faces.FACES` and holds it bitwise to the core face (the
