@@ -157,6 +157,13 @@ def rebox_like(tree: Any, reference: Any) -> Any:
   return treedef.unflatten([box_as(b, x) if is_box(b) else x for b, x in pairs])
 
 
+def instances_in(tree: Any, cls: type | tuple[type, ...]) -> list[Any]:
+  """Every ``cls`` node of ``tree``, however deep (a wrapper's or optax's state NamedTuple, in
+  any group or chain), in flatten order; none inside another found one."""
+  found = lambda x: isinstance(x, cls)
+  return [x for x in jax.tree.leaves(tree, is_leaf=found) if found(x)]
+
+
 def unbox(tree: Any) -> Any:
   """``tree`` with every registered single-array wrapper (an nnx Variable)
   replaced by its array; wrappers of whole subtrees (a treeo Tree) stay.

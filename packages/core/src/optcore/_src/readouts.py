@@ -98,10 +98,7 @@ def ema_params(
   """
   opt_def, state, held = _source(optimizer, optimizer_def, "ema_params")
   average = opt_def.ema_params(_as_state(opt_def, state))
-  readout = getattr(optimizer, "readout_parameters", None)
-  if params is not None and callable(readout):  # a face whose model is not its state's shape
-    params = readout(params)
-  params = held if params is None else params
+  params = _parameters(optimizer, params, held)
   return average if params is None else fill_unaveraged(average, params)
 
 
@@ -143,10 +140,7 @@ def eval_params(
     (Array([-0.325], dtype=float32), Array([-0.25], dtype=float32))
   """
   opt_def, state, held = _source(optimizer, optimizer_def, "eval_params")
-  readout = getattr(optimizer, "readout_parameters", None)
-  if params is not None and callable(readout):  # a face whose model is not its state's shape
-    params = readout(params)
-  params = held if params is None else params
+  params = _parameters(optimizer, params, held)
   if not schedule_free.keeps_schedule_free(state):
     raise TypeError(
       f"optcore.eval_params: {opt_def.display_name()} keeps no schedule-free state. It reads "
@@ -187,7 +181,7 @@ def skipped_steps(optimizer: Any, *, optimizer_def: OptimizerDef | None = None) 
     (1, Array([0.], dtype=float32))
   """
   opt_def, state, _ = _source(optimizer, optimizer_def, "skipped_steps")
-  found = [s for s in jax.tree.leaves(state, is_leaf=_is_skip) if _is_skip(s)]
+  found = paths.instances_in(state, SkipState)
   if not found:
     raise TypeError(
       f"optcore.skipped_steps: {opt_def.display_name()} skips no steps; wrap it: "
@@ -223,7 +217,7 @@ def statistics(optimizer: Any, *, optimizer_def: OptimizerDef | None = None) -> 
     (['global/grad_norm', 'global/param_norm', 'global/update_norm', 'global/update_ratio'], 2.0)
   """
   opt_def, state, _ = _source(optimizer, optimizer_def, "statistics")
-  found = [s for s in jax.tree.leaves(state, is_leaf=_is_statistics) if _is_statistics(s)]
+  found = paths.instances_in(state, StatisticsState)
   if not found:
     raise TypeError(
       f"optcore.statistics: {opt_def.display_name()} keeps no statistics; wrap it: "
@@ -233,14 +227,6 @@ def statistics(optimizer: Any, *, optimizer_def: OptimizerDef | None = None) -> 
   for kept in found:
     out.update(as_flat_dict(kept.values))
   return out
-
-
-def _is_statistics(x: Any) -> bool:
-  return isinstance(x, StatisticsState)
-
-
-def _is_skip(x: Any) -> bool:
-  return isinstance(x, SkipState)
 
 
 def current_hyper_params(
@@ -280,6 +266,16 @@ def current_hyper_params(
   """
   opt_def, state, _ = _source(optimizer, optimizer_def, "current_hyper_params")
   return opt_def.current_hyper_params(state)
+
+
+def _parameters(optimizer: Any, params: PyTree | None, held: PyTree | None) -> PyTree | None:
+  """The parameters a read-out fills from: ``params`` as the face reads them (its
+  ``readout_parameters`` hook, for a face whose model is not its state's shape), else the
+  optimizer's own target (``held``; None where it holds none)."""
+  readout = getattr(optimizer, "readout_parameters", None)
+  if params is not None and callable(readout):
+    params = readout(params)
+  return held if params is None else params
 
 
 def _as_state(opt_def: OptimizerDef, state: Any) -> Any:

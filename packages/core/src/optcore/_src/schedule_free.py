@@ -8,18 +8,14 @@ from typing import Any
 import jax
 from optax import contrib as optax_contrib
 
-from optcore._src import placement
+from optcore._src import paths, placement
 
 PyTree = Any
 
 
-def _is_schedule_free(x: Any) -> bool:
-  return isinstance(x, optax_contrib.ScheduleFreeState)
-
-
 def found_states(state: Any) -> list[optax_contrib.ScheduleFreeState]:
   """Every ``ScheduleFreeState`` in ``state``, under any wrapper, group or chain."""
-  return [s for s in jax.tree.leaves(state, is_leaf=_is_schedule_free) if _is_schedule_free(s)]
+  return paths.instances_in(state, optax_contrib.ScheduleFreeState)
 
 
 def keeps_schedule_free(state: Any) -> bool:
