@@ -8,22 +8,11 @@ import jax
 import jax.numpy as jnp
 import optax
 import pytest
+from face_data import grads, params, run_steps
 from faces import FACES
 from tree_testing import assert_trees_equal
 
 import optcore
-
-
-def params():
-  return {"kernel": jnp.arange(6.0).reshape(2, 3) / 6, "bias": jnp.array([0.1, -0.2, 0.3])}
-
-
-def grads(i):
-  key = jax.random.key(i)
-  return {
-    "kernel": jax.random.normal(key, (2, 3)),
-    "bias": jax.random.normal(jax.random.fold_in(key, 1), (3,)),
-  }
 
 
 def by_hand(steps, tx=None):
@@ -42,11 +31,7 @@ def by_hand(steps, tx=None):
 
 
 def run(face, opt_def, steps):
-  handle = face.create(opt_def, params())
-  jitted = face.jit(face.step)
-  for i in range(steps):
-    handle = jitted(handle, grads(i), {})
-  return handle
+  return run_steps(face, face.create(opt_def, params()), range(steps))
 
 
 @pytest.mark.parametrize("face", FACES, ids=str)

@@ -5,26 +5,20 @@ continues in every other as the uninterrupted run (issue 40)."""
 
 from __future__ import annotations
 
+import face_data
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from face_data import params
 from faces import FACES
 from tree_testing import assert_trees_equal
 
 import optcore
 
 
-def params():
-  return {"kernel": jnp.arange(6.0).reshape(2, 3) / 6, "bias": jnp.array([0.1, -0.2, 0.3])}
-
-
 def grads(i):
-  key = jax.random.key(i)
-  g = {
-    "kernel": jax.random.normal(key, (2, 3)),
-    "bias": jax.random.normal(jax.random.fold_in(key, 1), (3,)),
-  }
+  g = face_data.grads(i)
   if i == 9:
     g = jax.tree.map(lambda x: 50 * x, g)  # the spike
   if i == 12:
@@ -35,21 +29,14 @@ def grads(i):
 OPT_DEF = optcore.skip_bad_steps(optcore.adam(0.05), window=6, sigmas=3.0, warmup=4)
 
 
-def run(face, handle, steps):
-  jitted = face.jit(face.step)
-  for i in steps:
-    handle = jitted(handle, grads(i), {})
-  return handle
-
-
 @pytest.fixture(scope="module")
 def core():
-  return run(FACES[0], FACES[0].create(OPT_DEF, params()), range(16))
+  return face_data.run_steps(FACES[0], FACES[0].create(OPT_DEF, params()), range(16), grads)
 
 
 @pytest.mark.parametrize("face", FACES, ids=str)
 def test_every_face_skips_the_spike_and_the_nan_as_the_core_does(face, core):
-  handle = run(face, face.create(OPT_DEF, params()), range(16))
+  handle = face_data.run_steps(face, face.create(OPT_DEF, params()), range(16), grads)
   assert_trees_equal(face.params(handle), core.target)
   written = face.state_dict(handle)["state"]
   assert int(np.asarray(written["param_states"]["skipped"])) == 2
@@ -59,12 +46,12 @@ def test_every_face_skips_the_spike_and_the_nan_as_the_core_does(face, core):
 
 @pytest.mark.parametrize("saver", FACES, ids=str)
 def test_a_state_saved_mid_window_continues_in_every_face(saver, core):
-  halfway = run(saver, saver.create(OPT_DEF, params()), range(7))
+  halfway = face_data.run_steps(saver, saver.create(OPT_DEF, params()), range(7), grads)
   saved, at = saver.state_dict(halfway)["state"], saver.params(halfway)
   for restorer in FACES:
     base = restorer.create(OPT_DEF, at)
     resumed = restorer.restore(base, {**restorer.state_dict(base), "state": saved})
-    resumed = run(restorer, resumed, range(7, 16))
+    resumed = face_data.run_steps(restorer, resumed, range(7, 16), grads)
     assert_trees_equal(restorer.params(resumed), core.target)
 
 
