@@ -18,6 +18,7 @@ WRAPPERS = {
   "mixed_precision": lambda d: optcore.mixed_precision(d, state_dtype=jnp.bfloat16),
   "skip_bad_steps": lambda d: optcore.skip_bad_steps(d, window=4, warmup=2),
   "with_statistics": lambda d: optcore.with_statistics(d, {"w": "w"}),
+  "low_bit_state": lambda d: optcore.low_bit_state(d, bits=8, block_size=2, min_size=0),
 }
 INNER = {
   "adam": lambda: optcore.adam(1e-2),
@@ -43,7 +44,9 @@ def test_a_wrapper_keeps_every_flag_it_does_not_change(wrapper, inner):
     assert getattr(opt_def, flag) == want, flag
 
 
-@pytest.mark.parametrize("wrapper", ["ema", "mixed_precision", "skip_bad_steps", "with_statistics"])
+@pytest.mark.parametrize(
+  "wrapper", ["ema", "mixed_precision", "skip_bad_steps", "with_statistics", "low_bit_state"]
+)
 def test_per_example_gradients_pass_through_a_wrapper_as_bare_dpsgd_takes_them(wrapper):
   """ema(dpsgd) and mixed_precision(dpsgd) refused the gradients bare dpsgd takes (issue 37)."""
   params = {"w": jnp.ones((3,)), "b": jnp.zeros((2,))}
@@ -125,7 +128,16 @@ def test_every_wrapper_is_in_the_composition_table():
 
 
 @pytest.mark.parametrize(
-  "name", ["accumulate", "mixed_precision", "ema", "skip_bad_steps", "with_statistics", "grouped"]
+  "name",
+  [
+    "accumulate",
+    "mixed_precision",
+    "ema",
+    "skip_bad_steps",
+    "with_statistics",
+    "low_bit_state",
+    "grouped",
+  ],
 )
 def test_every_wrapper_writes_and_reads_its_config_from_its_own_table(name):
   """to_config/from_config read a wrapper's config_arguments: no per-wrapper branch to forget.
@@ -140,6 +152,13 @@ def test_every_wrapper_writes_and_reads_its_config_from_its_own_table(name):
     "grouped": {"max_leaf_size": 7, "max_buffer_size": 11},
     "skip_bad_steps": {"window": 20, "sigmas": 4.0, "warmup": 5, "watch": "loss"},
     "with_statistics": {"groups": {"attention": "/attn/", "mlp": "/mlp/"}},
+    "low_bit_state": {
+      "bits": 4,
+      "block_size": 64,
+      "states": "nu",
+      "min_size": 1024,
+      "rounding": "bitsandbytes_cpu",
+    },
   }[name]
   assert set(chosen) == set(cls.config_arguments)
   config = {"name": name, **chosen, "optimizer": {"name": "adam", "learning_rate": 0.01}}

@@ -23,6 +23,8 @@ WRAPPERS = {
   "mixed_precision": lambda d: optcore.mixed_precision(d, state_dtype=BF16, master_dtype=F32),
   "skip_bad_steps": lambda d: optcore.skip_bad_steps(d, window=4, warmup=2),
   "with_statistics": lambda d: optcore.with_statistics(d),
+  # Blocks of three (a row of the kernel) and no small-tensor floor: the parameters are tiny.
+  "low_bit_state": lambda d: optcore.low_bit_state(d, bits=8, block_size=3, min_size=0),
 }
 ALGORITHMS = {
   "adam": lambda: optcore.adam(1e-2),
@@ -32,7 +34,7 @@ ALGORITHMS = {
 }
 # The wrappers whose order changes the numbers the state holds; skip_bad_steps and
 # with_statistics observe a step (their pairs run in the full matrix).
-STATE_CHANGING = ("accumulate", "ema", "mixed_precision")
+STATE_CHANGING = ("accumulate", "ema", "mixed_precision", "low_bit_state")
 FULL = os.environ.get("OPTCORE_FULL_MATRIX") == "1"
 # Each wrapper alone and the ordered pairs (the triples: tests/core/test_wrapper_orders.py).
 ORDERS = [(w,) for w in WRAPPERS] + list(

@@ -45,6 +45,10 @@ from optcore._src.grouped import UngroupableError as UngroupableError
 from optcore._src.grouped import grouped as grouped
 from optcore._src.grouped_layout import GroupedParams as GroupedParams
 from optcore._src.hyper_params import HyperParams as HyperParams
+from optcore._src.low_bit import SECOND_MOMENTS as SECOND_MOMENTS
+from optcore._src.low_bit import LowBitState as LowBitState
+from optcore._src.low_bit import LowBitStateDef as LowBitStateDef
+from optcore._src.low_bit import low_bit_state as low_bit_state
 from optcore._src.mixed_precision import MixedPrecision as MixedPrecision
 from optcore._src.mixed_precision import MixedPrecisionState as MixedPrecisionState
 from optcore._src.mixed_precision import mixed_precision as mixed_precision
@@ -92,6 +96,8 @@ from optcore._src.partition_rules import PartitionRuleError as PartitionRuleErro
 from optcore._src.partition_rules import derive_optax_logical_axes as derive_optax_logical_axes
 from optcore._src.partition_rules import register_state_rule as register_state_rule
 from optcore._src.paths import register_hidden_level as register_hidden_level
+from optcore._src.quantization import QuantizedArray as QuantizedArray
+from optcore._src.quantization import dequantize_state as dequantize_state
 from optcore._src.readouts import current_hyper_params as current_hyper_params
 from optcore._src.readouts import ema_params as ema_params
 from optcore._src.readouts import eval_params as eval_params
@@ -147,6 +153,7 @@ def __getattr__(name: str):
 __all__ = [
   "ELEMENTWISE_OPTAX",
   "OPTAX_ALIASES",
+  "SECOND_MOMENTS",
   "Accumulate",
   "AccumulateState",
   "Ema",
@@ -155,6 +162,8 @@ __all__ = [
   "GroupedOptimizer",
   "GroupedParams",
   "HyperParams",
+  "LowBitState",
+  "LowBitStateDef",
   "MissingHyperParameterError",
   "MixedPrecision",
   "MixedPrecisionState",
@@ -167,6 +176,7 @@ __all__ = [
   "OptimizerState",
   "PartitionRuleError",
   "Placement",
+  "QuantizedArray",
   "SelectorError",
   "SkipBadSteps",
   "SkipState",
@@ -194,6 +204,7 @@ __all__ = [
   "config",
   "contrib",
   "current_hyper_params",
+  "dequantize_state",
   "derive_optax_logical_axes",
   "ema",
   "ema_params",
@@ -210,6 +221,7 @@ __all__ = [
   "logical_to_mesh",
   "logical_to_mesh_axes",
   "logical_to_mesh_sharding",
+  "low_bit_state",
   "mixed_precision",
   "nadam",
   "nadamw",

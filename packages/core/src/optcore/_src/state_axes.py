@@ -19,6 +19,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from optcore._src import partition_rules, sharding
 from optcore._src import placement as memory
 from optcore._src.optimizer import Optimizer, OptimizerState
+from optcore._src.quantization import QuantizedArray
 
 PyTree = Any
 LogicalAxisRules = Sequence[tuple[str, Any]]
@@ -307,11 +308,15 @@ def add_state_axis(
   ways = mesh.shape[state_axis]
   keyed, treedef = jax.tree_util.tree_flatten_with_path(state)
   out, kept = [], []
-  for (keys, leaf), named in zip(keyed, treedef.flatten_up_to(shardings), strict=True):
+  whole = _within_block(state)
+  for (keys, leaf), named, in_blocks in zip(
+    keyed, treedef.flatten_up_to(shardings), whole, strict=True
+  ):
     shape = tuple(getattr(leaf, "shape", ()))
     spec = list(named.spec) + [None] * (len(shape) - len(named.spec))
     used = {a for entry in spec for a in (entry if isinstance(entry, tuple) else (entry,))}
-    free = [d for d, n in enumerate(shape) if spec[d] is None and n and n % ways == 0]
+    splittable = range(len(shape) - 1 if in_blocks else len(shape))
+    free = [d for d in splittable if spec[d] is None and shape[d] and shape[d] % ways == 0]
     if state_axis in used or not shape:
       out.append(named)
       continue
@@ -333,6 +338,16 @@ def add_state_axis(
       ", ".join(kept),
     )
   return treedef.unflatten(out)
+
+
+def _within_block(state: PyTree) -> list[bool]:
+  """For each leaf of ``state``, whether its last dimension runs within a quantization block
+  (a `QuantizedArray`'s codes): split over ``state_axis`` it would cut blocks from their
+  scales, so it never is."""
+  flags = []
+  for leaf in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, QuantizedArray)):
+    flags.extend([True, False] if isinstance(leaf, QuantizedArray) else [False])
+  return flags
 
 
 def create_sharded(

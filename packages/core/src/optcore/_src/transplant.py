@@ -27,6 +27,7 @@ import numpy as np
 
 from optcore._src import paths, placement
 from optcore._src.checks import dtype_name
+from optcore._src.quantization import dequantize_tree, requantize_like
 from optcore._src.serialization import (
   StateDictError,
   describe,
@@ -168,6 +169,8 @@ def transplant_state(
       "Pass what an optimizer's state_dict() returns (any face's), or a flax.optim or T5X "
       "checkpoint's dict."
     )
+  quantized = state
+  state = dequantize_tree(state)  # a low_bit_state's leaves are matched by their values
   written = state_only_dict(optimizer_def, state)["state"]
   param_paths = _leaf_paths(to_state_dict(params))
   source_target = state_dict.get("target")
@@ -258,6 +261,7 @@ def transplant_state(
 
   filled = _replace_leaves(written, values)
   new_state = restore_state_only(optimizer_def, state, {"state": filled})
+  new_state = requantize_like(new_state, quantized)
   return new_state, TransplantReport(kept, initialised, dropped)
 
 

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 from optcore._src.base import OptimizerDef
 from optcore._src.hyper_params import HyperParams
 from optcore._src.optimizer import OptimizerState
+from optcore._src.quantization import QuantizedArray
 
 PyTree = Any
 
@@ -198,9 +199,23 @@ def map_optimizer_leaves(fn: Any, tree: PyTree, *rest: PyTree) -> PyTree:
   def visit(node: Any, *others: Any) -> Any:
     if isinstance(node, states):
       return node._replace(inner=map_optimizer_leaves(fn, node.inner, *(o.inner for o in others)))
+    if isinstance(node, QuantizedArray):  # stored in its own format (low_bit_state)
+      return node
     return fn(node, *others)
 
-  return jax.tree.map(visit, tree, *rest, is_leaf=lambda n: isinstance(n, states))
+  stop = lambda n: isinstance(n, states) or isinstance(n, QuantizedArray)
+  return jax.tree.map(visit, tree, *rest, is_leaf=stop)
+
+
+def init_in_one_program(init: Any, params: PyTree) -> Any:
+  """``init(params)`` compiled as one program when called eagerly: a state stored smaller
+  than the wrapped definition makes it (bfloat16, 8 or 4 bits) is computed leaf by leaf
+  inside it, and the wrapped definition's float32 state is never held whole. Under a trace
+  (``create`` in ``jax.jit``) it is part of that program already."""
+  leaves = jax.tree.leaves(params)
+  if any(isinstance(x, jax.core.Tracer) for x in leaves) or not leaves:
+    return init(params)
+  return jax.jit(init)(params)
 
 
 def floating_dtype(where: str, name: str, dtype: Any) -> Any:
