@@ -233,6 +233,31 @@ def demo(session: nox.Session) -> None:
   session.run("python", "examples/swap_frameworks.py", *session.posargs)
 
 
+# The libraries low_bit_state is held to, pinned (their numbers are committed in
+# tests/reference_data/low_bit_reference.npz), and torch's CPU build.
+LOW_BIT_REFERENCE = ["torch==2.13.0+cpu", "bitsandbytes==0.50.2", "torchao==0.18.0"]
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
+@nox.session(python=PYTHONS[0])
+def reference(session: nox.Session) -> None:
+  """bitsandbytes and torchao (torch on CPU) write the low-bit reference data anew, the
+  committed file must equal it, and low_bit_state's tests run against it: one Python, one
+  environment, apart from the test matrix. torch's CPU wheel comes from pip's find-links
+  (PIP_FIND_LINKS, a local wheel) where it is set, else from PyTorch's CPU index."""
+  sync(session, "optcore", "test")
+  links = os.environ.get("PIP_FIND_LINKS")
+  where = ["--find-links", links] if links else ["--extra-index-url", TORCH_CPU_INDEX]
+  session.run_install(
+    "uv", "pip", "install", "--python", session.virtualenv.location, *where,
+    *LOW_BIT_REFERENCE, external=True,
+  )  # fmt: skip
+  fresh = os.path.join(session.create_tmp(), "low_bit_reference.npz")
+  session.run("python", "tests/reference_data/make_low_bit_reference.py", fresh)
+  env = {"OPTCORE_LOW_BIT_REFERENCE": fresh}
+  run_pytest(session, ["tests/core/test_low_bit_state.py"], env=env)
+
+
 @nox.session(python=PYTHON)
 def spike(session: nox.Session) -> None:
   """A run through a bad batch: per-layer statistics logged each step, the bad step skipped,

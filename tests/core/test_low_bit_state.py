@@ -36,6 +36,17 @@ def ref():
     return dict(data)
 
 
+def test_the_committed_data_is_what_the_libraries_write_now(ref):
+  """Run by ``nox -s reference``, where the libraries have just written ``ref``."""
+  if not os.environ.get("OPTCORE_LOW_BIT_REFERENCE"):
+    pytest.skip("needs data the libraries wrote in this run: nox -s reference")
+  with np.load(DATA / "low_bit_reference.npz") as committed:
+    assert set(committed.files) == set(ref)
+    for key in committed.files:
+      if key != "versions":
+        np.testing.assert_array_equal(committed[key], ref[key], err_msg=key)
+
+
 @pytest.mark.parametrize("bits", [8, 4])
 @pytest.mark.parametrize("signed", [True, False], ids=["signed", "unsigned"])
 def test_the_maps_are_the_libraries_maps_bitwise(ref, bits, signed):
