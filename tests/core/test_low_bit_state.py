@@ -93,6 +93,34 @@ def test_bitsandbytes_cpu_rounding_gives_its_codes_absmax_and_values_bitwise(ref
   assert q.dequantize().shape == x.shape
 
 
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("signed", [True, False], ids=["signed", "unsigned"])
+def test_the_nearest_code_is_the_count_of_midpoints_at_or_below_every_value(bits, signed):
+  """The step finds codes from a table and one comparison each way, not a search: held to
+  NumPy's search over every midpoint, its neighbours, and values on every scale."""
+  table = quantization_map(bits, signed)
+  midpoints = (table[:-1] + table[1:]) / np.float32(2)
+  rng = np.random.default_rng(bits)
+  magnitudes = 10 ** rng.uniform(-9, 0, 100_000)
+  signs = np.sign(rng.normal(size=100_000)) if signed else 1.0
+  values = np.concatenate(
+    [
+      rng.uniform(-1.0 if signed else 0.0, 1.0, 100_000),
+      signs * magnitudes,
+      midpoints,
+      np.nextafter(midpoints, np.float32(2)),
+      np.nextafter(midpoints, np.float32(-2)),
+      [0.0, -0.0, 1.0, -1.0 if signed else 0.5],
+    ]
+  ).astype(np.float32)
+  values = values[: len(values) // 2 * 2]  # 4 bits: two codes a byte
+  q = optcore.QuantizedArray.quantize(values, bits=bits, signed=signed, block_size=len(values))
+  scaled = values / np.max(np.abs(values))
+  np.testing.assert_array_equal(
+    _unpack(q.codes, bits)[: len(values)], np.searchsorted(midpoints, scaled, side="right")
+  )
+
+
 def test_the_two_roundings_differ_only_by_one_code_where_the_table_is_coarse():
   x = arrays_to_quantize()["normal"]
   nearest = optcore.QuantizedArray.quantize(x, bits=8)

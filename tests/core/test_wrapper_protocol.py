@@ -19,6 +19,7 @@ WRAPPERS = {
   "skip_bad_steps": lambda d: optcore.skip_bad_steps(d, window=4, warmup=2),
   "with_statistics": lambda d: optcore.with_statistics(d, {"w": "w"}),
   "low_bit_state": lambda d: optcore.low_bit_state(d, bits=8, block_size=2, min_size=0),
+  "stochastic_rounding": lambda d: optcore.stochastic_rounding(d, seed=1),
 }
 INNER = {
   "adam": lambda: optcore.adam(1e-2),
@@ -45,7 +46,15 @@ def test_a_wrapper_keeps_every_flag_it_does_not_change(wrapper, inner):
 
 
 @pytest.mark.parametrize(
-  "wrapper", ["ema", "mixed_precision", "skip_bad_steps", "with_statistics", "low_bit_state"]
+  "wrapper",
+  [
+    "ema",
+    "mixed_precision",
+    "skip_bad_steps",
+    "with_statistics",
+    "low_bit_state",
+    "stochastic_rounding",
+  ],
 )
 def test_per_example_gradients_pass_through_a_wrapper_as_bare_dpsgd_takes_them(wrapper):
   """ema(dpsgd) and mixed_precision(dpsgd) refused the gradients bare dpsgd takes (issue 37)."""
@@ -136,6 +145,7 @@ def test_every_wrapper_is_in_the_composition_table():
     "skip_bad_steps",
     "with_statistics",
     "low_bit_state",
+    "stochastic_rounding",
     "grouped",
   ],
 )
@@ -159,6 +169,7 @@ def test_every_wrapper_writes_and_reads_its_config_from_its_own_table(name):
       "min_size": 1024,
       "rounding": "bitsandbytes_cpu",
     },
+    "stochastic_rounding": {"seed": 3},
   }[name]
   assert set(chosen) == set(cls.config_arguments)
   config = {"name": name, **chosen, "optimizer": {"name": "adam", "learning_rate": 0.01}}

@@ -25,6 +25,7 @@ WRAPPERS = {
   "with_statistics": lambda d: optcore.with_statistics(d),
   # Blocks of three (a row of the kernel) and no small-tensor floor: the parameters are tiny.
   "low_bit_state": lambda d: optcore.low_bit_state(d, bits=8, block_size=3, min_size=0),
+  "stochastic_rounding": lambda d: optcore.stochastic_rounding(d, seed=1),
 }
 ALGORITHMS = {
   "adam": lambda: optcore.adam(1e-2),
@@ -33,7 +34,8 @@ ALGORITHMS = {
   ),
 }
 # The wrappers whose order changes the numbers the state holds; skip_bad_steps and
-# with_statistics observe a step (their pairs run in the full matrix).
+# with_statistics observe a step, stochastic_rounding rounds its result (their pairs run in the
+# full matrix).
 STATE_CHANGING = ("accumulate", "ema", "mixed_precision", "low_bit_state")
 FULL = os.environ.get("OPTCORE_FULL_MATRIX") == "1"
 # Each wrapper alone and the ordered pairs (the triples: tests/core/test_wrapper_orders.py).

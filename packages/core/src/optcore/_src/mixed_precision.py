@@ -13,7 +13,12 @@ from optcore._src import paths
 from optcore._src.base import OptimizerDef
 from optcore._src.checks import check_float_params
 from optcore._src.optimizer import OptimizerState
-from optcore._src.wrapper import StateWrapper, floating_dtype, map_optimizer_leaves
+from optcore._src.wrapper import (
+  StateWrapper,
+  floating_dtype,
+  init_in_one_program,
+  map_optimizer_leaves,
+)
 
 PyTree = Any
 
@@ -93,13 +98,20 @@ class MixedPrecision(StateWrapper):
     )
 
   def init_state(self, params: PyTree) -> OptimizerState:
+    """The wrapped definition's state made and stored in ``state_dtype`` in one compiled
+    program (`init_in_one_program`): its float32 state is never held whole."""
     check_float_params(params)
     self._check_master(params)
-    master = jax.tree.map(
-      lambda p: jnp.asarray(p, self.master_dtype) if self._has_master(p) else None, params
-    )
-    inner = self.optimizer_def.init_state(self._working(params, master))
-    return OptimizerState(inner.step, MixedPrecisionState(self._store(inner.param_states), master))
+
+    def init(params: PyTree) -> OptimizerState:
+      master = jax.tree.map(
+        lambda p: jnp.asarray(p, self.master_dtype) if self._has_master(p) else None, params
+      )
+      inner = self.optimizer_def.init_state(self._working(params, master))
+      own = MixedPrecisionState(self._store(inner.param_states), master)
+      return OptimizerState(inner.step, own)
+
+    return init_in_one_program(init, params)
 
   def apply_gradient(
     self, hyper_params: Any, params: PyTree, state: OptimizerState, grads: PyTree, **extra_args: Any

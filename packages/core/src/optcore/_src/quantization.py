@@ -134,16 +134,45 @@ def _cpu_table(bits: int, signed: bool) -> np.ndarray:
   return table.astype(np.uint8)
 
 
+@functools.cache
+def _coarse_codes(bits: int, signed: bool) -> tuple[np.ndarray, np.ndarray, int]:
+  """What the nearest code is found from without a search: for each of the 65,536 float32
+  values whose low 16 bits are zero (``v`` with its low bits dropped, toward zero), how many
+  midpoints lie at or below it; the midpoints; and the most midpoints one such interval holds
+  (the comparisons that finish the count for a value inside it)."""
+  midpoints = _midpoints(quantization_map(bits, signed))
+  starts = (np.arange(65536, dtype=np.uint32) << np.uint32(16)).view(np.float32)
+  with np.errstate(invalid="ignore"):
+    below = np.searchsorted(midpoints, starts, side="right").astype(np.int64)
+  # A positive start's interval reaches up to the next start; a negative one's down to the
+  # next (0x7F80 and 0xFF80 begin the infinities and NaNs).
+  widest = int(
+    max(np.abs(np.diff(below[:0x7F80])).max(), np.abs(np.diff(below[0x8000:0xFF80])).max())
+  )
+  return below.astype(np.uint8 if len(midpoints) < 256 else np.uint16), midpoints, widest
+
+
 def _codes(normalized: jax.Array, bits: int, signed: bool, rounding: str) -> jax.Array:
-  table = quantization_map(bits, signed)
   if rounding == "bitsandbytes_cpu":
     clipped = jnp.clip(normalized, -1.0, 1.0)
     index = ((clipped + 1.0) * 0.5 * np.float32(_TABLE_SIZE - 1) + 0.5).astype(jnp.uint16)
     return jnp.asarray(_cpu_table(bits, signed))[index.astype(jnp.int32)]
-  # 15 midpoints are compared at once; 255 are searched in 8 unrolled halvings.
-  method = "compare_all" if bits == 4 else "scan_unrolled"
-  midpoints = jnp.asarray(_midpoints(table))
-  return jnp.searchsorted(midpoints, normalized, side="right", method=method).astype(jnp.uint8)
+  # The nearest code is the number of midpoints at or below the value (a tie rounds up). A
+  # table read at the value's top 16 bits counts them up to the value's bfloat16 truncation;
+  # at most `widest` comparisons finish the count: one gather and a few compares an element,
+  # all fused (a search would hold its index arrays in memory).
+  table, midpoints, widest = _coarse_codes(bits, signed)
+  top = jax.lax.bitcast_convert_type(normalized.astype(jnp.float32), jnp.uint32) >> 16
+  start = jnp.asarray(table)[top.astype(jnp.int32)].astype(jnp.int32)
+  mids = jnp.asarray(midpoints)
+  last = len(midpoints) - 1
+  codes = start
+  for k in range(widest):
+    above = start + k  # the k-th midpoint above the truncation (a positive value)
+    codes = codes + ((above <= last) & (normalized >= mids[jnp.minimum(above, last)]))
+    under = start - 1 - k  # the k-th at or below it (a negative value, truncated up)
+    codes = codes - ((under >= 0) & (normalized < mids[jnp.maximum(under, 0)]))
+  return codes.astype(jnp.uint8)
 
 
 def layout(shape: tuple[int, ...], bits: int, block_size: int) -> tuple[tuple[int, ...], bool]:

@@ -215,7 +215,9 @@ def init_in_one_program(init: Any, params: PyTree) -> Any:
   leaves = jax.tree.leaves(params)
   if any(isinstance(x, jax.core.Tracer) for x in leaves) or not leaves:
     return init(params)
-  return jax.jit(init)(params)
+  # Constant folding would compute a state made of constants (zeros) while compiling, in
+  # memory, as a whole: the detour this function is here to avoid.
+  return jax.jit(init, compiler_options={"xla_disable_hlo_passes": "constant_folding"})(params)
 
 
 def floating_dtype(where: str, name: str, dtype: Any) -> Any:
