@@ -113,12 +113,12 @@ from optcore._src.skip import SkipBadSteps as SkipBadSteps
 from optcore._src.skip import SkipState as SkipState
 from optcore._src.skip import skip_bad_steps as skip_bad_steps
 from optcore._src.state_axes import Placement as Placement
-from optcore._src.stochastic_rounding import StochasticRounding as StochasticRounding
-from optcore._src.stochastic_rounding import StochasticRoundingState as StochasticRoundingState
-from optcore._src.stochastic_rounding import stochastic_rounding as stochastic_rounding
 from optcore._src.statistics import StatisticsState as StatisticsState
 from optcore._src.statistics import WithStatistics as WithStatistics
 from optcore._src.statistics import with_statistics as with_statistics
+from optcore._src.stochastic_rounding import StochasticRounding as StochasticRounding
+from optcore._src.stochastic_rounding import StochasticRoundingState as StochasticRoundingState
+from optcore._src.stochastic_rounding import stochastic_rounding as stochastic_rounding
 from optcore._src.transplant import TransplantEntry as TransplantEntry
 from optcore._src.transplant import TransplantReport as TransplantReport
 from optcore._src.transplant import transplant as transplant
@@ -185,6 +185,8 @@ __all__ = [
   "SkipState",
   "StateDictError",
   "StatisticsState",
+  "StochasticRounding",
+  "StochasticRoundingState",
   "TransplantEntry",
   "TransplantReport",
   "TreeMismatchError",
@@ -246,12 +248,10 @@ __all__ = [
   "sign_sgd",
   "signum",
   "skip_bad_steps",
-  "stochastic_rounding",
-  "StochasticRounding",
-  "StochasticRoundingState",
   "skipped_steps",
   "sm3",
   "statistics",
+  "stochastic_rounding",
   "t5x",
   "to_state_dict",
   "transplant",

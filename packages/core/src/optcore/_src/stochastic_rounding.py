@@ -114,9 +114,7 @@ class StochasticRounding(StateWrapper):
     key of its own from the state's, which is split for the next step."""
     own = state.param_states
     working = self._working(params)
-    grads = jax.tree.map(
-      lambda g, w: jnp.asarray(g).astype(jnp.result_type(w)), grads, working
-    )
+    grads = jax.tree.map(lambda g, w: jnp.asarray(g).astype(jnp.result_type(w)), grads, working)
     new_working, new_inner = self.optimizer_def.apply_gradient(
       hyper_params, working, OptimizerState(state.step, own.inner), grads, **extra_args
     )
@@ -124,9 +122,7 @@ class StochasticRounding(StateWrapper):
     leaves, treedef = jax.tree.flatten(params)
     new_leaves = treedef.flatten_up_to(new_working)
     rounded = [
-      round_to_bfloat16(n, jax.random.fold_in(now, i))
-      if jnp.result_type(p) == jnp.bfloat16
-      else n
+      round_to_bfloat16(n, jax.random.fold_in(now, i)) if jnp.result_type(p) == jnp.bfloat16 else n
       for i, (p, n) in enumerate(zip(leaves, new_leaves, strict=True))
     ]
     new_state = StochasticRoundingState(new_inner.param_states, jax.random.key_data(key))
