@@ -15,10 +15,14 @@ or passed through another face stays where it was put.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from typing import Any
 
 import jax
 from jax.sharding import Mesh, NamedSharding
+
+from optcore._src import paths
 
 PyTree = Any
 
@@ -46,19 +50,52 @@ def check_memory_kind(mesh: Mesh, memory_kind: str) -> None:
     )
 
 
-def with_memory_kind(state: PyTree, shardings: PyTree, mesh: Mesh, memory_kind: str) -> PyTree:
-  """``shardings`` with every non-scalar state leaf's placed in ``memory_kind``;
-  scalars (step counters) stay on the device, where every step reads them."""
-  check_memory_kind(mesh, memory_kind)
-  treedef = jax.tree.structure(state)
+def memory_kind_rules(memory_kind: Any) -> tuple[tuple[str, str], ...] | str | None:
+  """``state_memory_kind`` as `Placement` keeps it: a kind for every leaf (a string), or
+  ``(pattern, kind)`` pairs (from a mapping), each pattern a regular expression; TypeError or
+  ValueError naming what is wrong."""
+  if memory_kind is None or isinstance(memory_kind, str):
+    return memory_kind
+  pairs = memory_kind.items() if isinstance(memory_kind, Mapping) else memory_kind
+  try:
+    pairs = tuple((pattern, kind) for pattern, kind in pairs)
+  except (TypeError, ValueError):
+    pairs = None
+  if not pairs or not all(isinstance(p, str) and isinstance(k, str) for p, k in pairs):
+    raise TypeError(
+      "state_memory_kind: a memory kind for the whole state ('pinned_host'), or a mapping "
+      "from a regular expression searched in each state leaf's path to the kind of the leaves "
+      f"it finds ({{'/nu/': 'pinned_host'}}); got {memory_kind!r}"
+    )
+  for pattern, _ in pairs:
+    try:
+      re.compile(pattern)
+    except re.error as error:
+      raise ValueError(
+        f"state_memory_kind: {pattern!r} is not a regular expression: {error}"
+      ) from None
+  return pairs
 
-  def place(leaf: Any, named: NamedSharding) -> NamedSharding:
-    return named.with_memory_kind(memory_kind) if jax.numpy.ndim(leaf) else named
 
-  placed = [
-    place(leaf, named)
-    for leaf, named in zip(jax.tree.leaves(state), treedef.flatten_up_to(shardings), strict=True)
-  ]
+def with_memory_kind(state: PyTree, shardings: PyTree, mesh: Mesh, memory_kind: Any) -> PyTree:
+  """``shardings`` with the non-scalar state leaves placed in ``memory_kind``: every one for a
+  kind, or for ``(pattern, kind)`` pairs each leaf whose path (``param_states/0/nu/w``) a
+  pattern finds, in the first such pattern's kind (the others stay where they are). Scalars
+  (step counters) stay on the device, where every step reads them."""
+  rules = memory_kind_rules(memory_kind)
+  rules = ((".*", rules),) if isinstance(rules, str) else rules
+  for _, kind in rules:
+    check_memory_kind(mesh, kind)
+  keyed, treedef = jax.tree_util.tree_flatten_with_path(state)
+
+  def kind_of(keys: tuple) -> str | None:
+    path = "/".join(paths.key_name(k) for k in keys)
+    return next((kind for pattern, kind in rules if re.search(pattern, path)), None)
+
+  placed = []
+  for (keys, leaf), named in zip(keyed, treedef.flatten_up_to(shardings), strict=True):
+    kind = kind_of(keys) if jax.numpy.ndim(leaf) else None
+    placed.append(named if kind is None else named.with_memory_kind(kind))
   return treedef.unflatten(placed)
 
 

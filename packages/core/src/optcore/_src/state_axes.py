@@ -51,7 +51,7 @@ class StatePlacement(TypedDict, total=False):
   every face's sharding functions take them as ``**placement`` (see `Placement`)."""
 
   state_axis: str | None
-  state_memory_kind: str | None
+  state_memory_kind: str | Mapping[str, str] | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,8 +64,11 @@ class Placement:
   largest dimension the axis divides and no other axis splits, while the
   parameters keep their own sharding; with ``state_memory_kind``
   (``"pinned_host"``) every non-scalar leaf lives in that memory between
-  steps (each step brings it to the device and back, inside ``jit``). Leaves
-  ``state_axis`` cannot split stay replicated and are logged.
+  steps (each step brings it to the device and back, inside ``jit``); with a
+  mapping (``{"/nu/": "pinned_host"}``, as AXLearn's
+  ``offload_optimizer(pattern=...)``) only the leaves whose path a pattern finds
+  (``param_states/0/nu/dense/kernel``) do. Leaves ``state_axis`` cannot split
+  stay replicated and are logged.
 
   Every face's sharding function takes one (as its ``mesh``), or the same
   fields as keywords: ``create_sharded(params, axes, Placement(mesh, rules,
@@ -77,7 +80,9 @@ class Placement:
     logical_axis_rules: ``(logical_name, mesh_axes)`` pairs, Flax's format;
       None: the axes name mesh axes already.
     state_axis: a mesh axis to split every state leaf over (ZeRO-1).
-    state_memory_kind: ``"pinned_host"`` to keep the state in host memory.
+    state_memory_kind: ``"pinned_host"`` to keep the state in host memory; or a
+      mapping from regular expressions searched in each state leaf's path to
+      the memory kind of the leaves each finds (the first that finds a leaf).
 
   Raises:
     TypeError: no mesh, or a placement keyword that does not exist (from `of`).
@@ -99,7 +104,7 @@ class Placement:
   mesh: Mesh
   logical_axis_rules: Any = None
   state_axis: str | None = None
-  state_memory_kind: str | None = None
+  state_memory_kind: str | tuple[tuple[str, str], ...] | None = None
 
   def __post_init__(self) -> None:
     if self.mesh is None:
@@ -116,8 +121,13 @@ class Placement:
         f"state_axis={self.state_axis!r} is not an axis of the mesh, whose axes are "
         f"{list(self.mesh.axis_names)}. Name the data-parallel mesh axis, e.g. state_axis='data'."
       )
-    if self.state_memory_kind is not None:
-      memory.check_memory_kind(self.mesh, self.state_memory_kind)
+    if self.state_memory_kind is not None:  # hashable: a mapping is kept as its pairs
+      object.__setattr__(
+        self, "state_memory_kind", memory.memory_kind_rules(self.state_memory_kind)
+      )
+      kinds = self.state_memory_kind
+      for kind in [kinds] if isinstance(kinds, str) else [k for _, k in kinds]:
+        memory.check_memory_kind(self.mesh, kind)
 
   @classmethod
   def of(
