@@ -14,7 +14,15 @@ from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 FACES = ("core", "flax", "equinox", "treex")
-REPORTS = ("suite", "equinox_step", "state_memory", "zero1", "grouped", "training_at_scale")
+REPORTS = (
+  "suite",
+  "equinox_step",
+  "state_memory",
+  "zero1",
+  "grouped",
+  "training_at_scale",
+  "low_bit",
+)
 GROUPED_LABELS = {
   "grouped": "grouped step",
   "grouped_one_buffer": "one buffer",
@@ -148,12 +156,39 @@ def plot_master_weights(report: dict, out: Path) -> None:
   plt.close(fig)
 
 
+def plot_low_bit(report: dict, out: Path) -> None:
+  """benchmarks/low_bit.py's loss curves: adam with float32, bfloat16, 8-bit and 4-bit state,
+  and bfloat16 parameters rounded to nearest and stochastically (10-step means, log scale)."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  import numpy as np
+
+  fig, ax = plt.subplots(figsize=(7, 3.6), dpi=120)
+  styles = {"float32 adam": {"color": "0.3", "lw": 2.5, "alpha": 0.5}}
+  for name, curve in report["losses"].items():
+    losses = curve[:-1]  # the last entry is the held-out loss after training
+    smooth = np.convolve(losses, np.ones(10) / 10, mode="valid")
+    ax.plot(range(10, len(losses) + 1), smooth, label=name, **styles.get(name, {"lw": 1.2}))
+  ax.set_yscale("log")
+  ax.set_xlabel("step")
+  ax.set_ylabel("training loss (10-step mean)")
+  ax.legend(fontsize=8)
+  ax.set_title("adam on a small MLP: low-bit state and bfloat16 parameters", fontsize=9)
+  fig.tight_layout()
+  out.parent.mkdir(parents=True, exist_ok=True)
+  fig.savefig(out)
+  plt.close(fig)
+
+
 def _render(app) -> None:
   generated = Path(app.srcdir) / "_generated"
   plot_step_ratios(load_suite(), generated / "step_ratios.png")
   plot_grouped(json.loads((RESULTS / "grouped.json").read_text()), generated / "grouped.png")
   at_scale = json.loads((RESULTS / "training_at_scale.json").read_text())
   plot_master_weights(at_scale, generated / "master_weights.png")
+  plot_low_bit(json.loads((RESULTS / "low_bit.json").read_text()), generated / "low_bit_loss.png")
 
 
 def setup(app):

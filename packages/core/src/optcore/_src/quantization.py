@@ -156,23 +156,28 @@ def _codes(normalized: jax.Array, bits: int, signed: bool, rounding: str) -> jax
   if rounding == "bitsandbytes_cpu":
     clipped = jnp.clip(normalized, -1.0, 1.0)
     index = ((clipped + 1.0) * 0.5 * np.float32(_TABLE_SIZE - 1) + 0.5).astype(jnp.uint16)
-    return jnp.asarray(_cpu_table(bits, signed))[index.astype(jnp.int32)]
+    return _lookup(jnp.asarray(_cpu_table(bits, signed)), index)
   # The nearest code is the number of midpoints at or below the value (a tie rounds up). A
   # table read at the value's top 16 bits counts them up to the value's bfloat16 truncation;
   # at most `widest` comparisons finish the count: one gather and a few compares an element,
   # all fused (a search would hold its index arrays in memory).
   table, midpoints, widest = _coarse_codes(bits, signed)
   top = jax.lax.bitcast_convert_type(normalized.astype(jnp.float32), jnp.uint32) >> 16
-  start = jnp.asarray(table)[top.astype(jnp.int32)].astype(jnp.int32)
+  start = _lookup(jnp.asarray(table), top).astype(jnp.int32)
   mids = jnp.asarray(midpoints)
   last = len(midpoints) - 1
   codes = start
   for k in range(widest):
     above = start + k  # the k-th midpoint above the truncation (a positive value)
-    codes = codes + ((above <= last) & (normalized >= mids[jnp.minimum(above, last)]))
+    codes = codes + ((above <= last) & (normalized >= _lookup(mids, jnp.minimum(above, last))))
     under = start - 1 - k  # the k-th at or below it (a negative value, truncated up)
-    codes = codes - ((under >= 0) & (normalized < mids[jnp.maximum(under, 0)]))
+    codes = codes - ((under >= 0) & (normalized < _lookup(mids, jnp.maximum(under, 0))))
   return codes.astype(jnp.uint8)
+
+
+def _lookup(table: jax.Array, index: jax.Array) -> jax.Array:
+  """``table[index]`` for indices in range by construction (no bounds handling compiled)."""
+  return table.at[index.astype(jnp.int32)].get(mode="promise_in_bounds")
 
 
 def layout(shape: tuple[int, ...], bits: int, block_size: int) -> tuple[tuple[int, ...], bool]:
@@ -342,7 +347,7 @@ class QuantizedArray:
     if self.bits == 4:
       codes = jnp.stack([codes >> 4, codes & 0xF], axis=-1).reshape(*codes.shape[:-1], -1)
     table = jnp.asarray(quantization_map(self.bits, self.signed))
-    blocks = table[codes.astype(jnp.int32)] * self.scales[..., None]
+    blocks = _lookup(table, codes) * self.scales[..., None]
     _, rowwise = layout(self.shape, self.bits, self.block_size)
     if rowwise:
       values = blocks.reshape(self.shape)
