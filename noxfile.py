@@ -138,8 +138,8 @@ def tests(session: nox.Session, variant: str) -> None:
   sync(session, package, "test", *EXTRA_GROUPS.get(variant, []))
   print_versions(session)
   # Every ordered pair of wrappers in every face is Python-independent optcore logic: the newest
-  # Python runs it all, the others the pairs of the wrappers that change the state's numbers
-  # (tests/support/composition.py), which keeps CI near its hour.
+  # Python runs it all, the others each wrapper alone (tests/support/composition.py), which keeps
+  # CI under its hour.
   full = {"OPTCORE_FULL_MATRIX": "1"} if session.python == PYTHON else None
   run_pytest(session, folders, env=full)
 

@@ -1,7 +1,7 @@
 """The wrappers composed, in every face: each wrapper alone and the ordered pairs of
-`composition.ORDERS` (every pair on the newest Python, ``OPTCORE_FULL_MATRIX=1``), around one
-algorithm and around a `MultiOptimizer`, generated from the tables below, so a new wrapper or
-face joins by one line.
+`composition.CASES` (with ``OPTCORE_FULL_MATRIX=1``, on the newest Python: every pair around one
+algorithm, the pairs that change the state's numbers around a `MultiOptimizer` too), generated
+from the tables below, so a new wrapper or face joins by one line.
 
 Each case trains bfloat16 parameters for five calls (the last in the middle of an
 accumulation window) in each face of `faces.FACES` and holds it bitwise to the core face (the
@@ -14,11 +14,9 @@ checkpoint and back.
 from __future__ import annotations
 
 import pytest
-from composition import ALGORITHMS, CALLS, ORDERS, build, grads, order_id, params
+from composition import CALLS, CASES, build, grads, order_id, params
 from faces import FACES
 from tree_testing import assert_trees_equal
-
-CASES = [(order, algorithm) for order in ORDERS for algorithm in ALGORITHMS]
 
 
 def case_id(case) -> str:

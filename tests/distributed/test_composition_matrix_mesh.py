@@ -1,5 +1,6 @@
 """The composition matrix of `tests/conformance/test_composition_matrix.py` on the 8-device
-mesh: each wrapper alone and every ordered pair, placed by each face's own shard method with
+mesh: each wrapper alone and (the whole matrix) the ordered pairs that change the state's
+numbers (`composition.ORDERS`), placed by each face's own shard method with
 ZeRO-1 (``state_axis="data"``) and the state in host memory, against the one-device core run
 (within the ulps a split step may round differently, `tree_testing.assert_trees_within_ulps`);
 every state leaf stays in host memory, split over the data axis where it is parameter-shaped

@@ -2,9 +2,9 @@
 the wrappers, the algorithms they wrap, the orders tried, and the training data. A new wrapper
 joins every composition test by one line in `WRAPPERS`.
 
-Each wrapper is tried alone; the ordered pairs are every pair with ``OPTCORE_FULL_MATRIX=1``
-(what ``nox -s tests`` sets on the newest Python), else the pairs of the wrappers that change
-the state's numbers (`STATE_CHANGING`), as the other Pythons run them."""
+Each wrapper is tried alone on every Python; the ordered pairs run with
+``OPTCORE_FULL_MATRIX=1``, what ``nox -s tests`` sets on the newest Python only (the matrix is
+optcore's own logic, the same on every Python): see `CASES` and `ORDERS`."""
 
 from __future__ import annotations
 
@@ -34,14 +34,23 @@ ALGORITHMS = {
   ),
 }
 # The wrappers whose order changes the numbers the state holds; skip_bad_steps and
-# with_statistics observe a step, stochastic_rounding rounds its result (their pairs run in the
-# full matrix).
+# with_statistics observe a step, stochastic_rounding rounds its result.
 STATE_CHANGING = ("accumulate", "ema", "mixed_precision", "low_bit_state")
 FULL = os.environ.get("OPTCORE_FULL_MATRIX") == "1"
-# Each wrapper alone and the ordered pairs (the triples: tests/core/test_wrapper_orders.py).
-ORDERS = [(w,) for w in WRAPPERS] + list(
-  itertools.permutations(WRAPPERS if FULL else STATE_CHANGING, 2)
-)
+SINGLES = [(w,) for w in WRAPPERS]
+PAIRS = list(itertools.permutations(WRAPPERS, 2))
+CHANGING_PAIRS = list(itertools.permutations(STATE_CHANGING, 2))
+# (order, algorithm) on one device. Every Python: each wrapper alone around each algorithm. The
+# whole matrix (the newest Python, one session, as heavy matrices run): every ordered pair
+# around adam, and the pairs that change the state's numbers around a MultiOptimizer too (the
+# triples: tests/core/test_wrapper_orders.py).
+CASES = [(order, a) for order in SINGLES for a in ALGORITHMS]
+if FULL:
+  CASES += [(order, "adam") for order in PAIRS]
+  CASES += [(order, "multi") for order in CHANGING_PAIRS]
+# The orders on the 8-device mesh (around adam): each wrapper's state placed alone, and in the
+# whole matrix the pairs that change the state's numbers.
+ORDERS = SINGLES + (CHANGING_PAIRS if FULL else [])
 CALLS = 5  # every=2: the last call is in the middle of a window
 
 
