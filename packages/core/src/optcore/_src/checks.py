@@ -3,6 +3,7 @@ rate, float parameters. Each raises an error naming the path and the fix."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -122,6 +123,15 @@ def check_learning_rate(optimizer_def: Any, hyper_params: Any) -> None:
       f"constructor ({name}(learning_rate=0.1)) or to each step "
       "(apply_gradient(grads, learning_rate=0.1))."
     )
+
+
+def check_regex(pattern: str, described: str) -> None:
+  """ValueError ``"<described> is not a regular expression: <why>"`` unless ``pattern``
+  compiles (``described`` names the argument: ``"low_bit_state: states='nu('"``)."""
+  try:
+    re.compile(pattern)
+  except re.error as error:
+    raise ValueError(f"{described} is not a regular expression: {error}") from None
 
 
 def check_float_params(params: PyTree) -> None:

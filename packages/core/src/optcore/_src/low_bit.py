@@ -14,15 +14,17 @@ from jax.sharding import PartitionSpec
 
 from optcore._src import paths
 from optcore._src.base import OptimizerDef
+from optcore._src.checks import check_regex
 from optcore._src.optimizer import OptimizerState
 from optcore._src.quantization import (
   QuantizedArray,
   check_block_size,
   check_rounding,
   dequantize_tree,
+  is_quantized,
   requantize_like,
 )
-from optcore._src.wrapper import StateWrapper, init_in_one_program, wrapper_states
+from optcore._src.wrapper import StateWrapper, init_in_one_program, map_optimizer_leaves_with_path
 
 PyTree = Any
 
@@ -50,29 +52,8 @@ class LowBitState(NamedTuple):
   inner: PyTree
 
 
-def _is_quantized(x: Any) -> bool:
-  return isinstance(x, QuantizedArray)
-
-
 def _field_names(keys: tuple) -> list[str]:
   return [k.name for k in keys if isinstance(k, jax.tree_util.GetAttrKey)]
-
-
-def map_with_state_path(fn: Any, tree: PyTree, prefix: tuple = ()) -> PyTree:
-  """``fn(keys, leaf)`` over the leaves an algorithm keeps in ``tree`` (a wrapper's own fields,
-  an EMA's average or a master copy, are left as they are), ``keys`` the leaf's key path from
-  the top of ``tree``; a `QuantizedArray` is one leaf."""
-  states = wrapper_states()
-
-  def visit(keys: tuple, node: Any) -> Any:
-    if isinstance(node, states):
-      inner_keys = (*prefix, *keys, jax.tree_util.GetAttrKey("inner"))
-      return node._replace(inner=map_with_state_path(fn, node.inner, inner_keys))
-    return fn((*prefix, *keys), node)
-
-  return jax.tree_util.tree_map_with_path(
-    visit, tree, is_leaf=lambda n: isinstance(n, states) or _is_quantized(n)
-  )
 
 
 class LowBitStateDef(StateWrapper):
@@ -102,12 +83,7 @@ class LowBitStateDef(StateWrapper):
           f"path (e.g. 'nu' for adam's second moment only), or None for every state leaf; "
           f"got states={states!r}"
         )
-      try:
-        re.compile(states)
-      except re.error as error:
-        raise ValueError(
-          f"low_bit_state: states={states!r} is not a regular expression: {error}"
-        ) from None
+      check_regex(states, f"low_bit_state: states={states!r}")
     if not isinstance(min_size, (int, np.integer)) or isinstance(min_size, bool) or min_size < 0:
       raise ValueError(f"low_bit_state: min_size must be an int >= 0, got min_size={min_size!r}")
     super().__init__(optimizer_def)
@@ -138,7 +114,7 @@ class LowBitStateDef(StateWrapper):
 
   def quantize_state(self, param_states: PyTree) -> PyTree:
     """``param_states`` (the wrapped definition's) with each chosen leaf quantized."""
-    return map_with_state_path(
+    return map_optimizer_leaves_with_path(
       lambda keys, x: self._quantize(keys, x) if self.chooses(keys, x) else x, param_states
     )
 
@@ -177,14 +153,14 @@ class LowBitStateDef(StateWrapper):
     leading axes and blocks along its last (when the blocks lie along it), else none."""
     stored = param_states.inner
     shadow = jax.tree.map(
-      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype) if _is_quantized(x) else x,
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype) if is_quantized(x) else x,
       stored,
-      is_leaf=_is_quantized,
+      is_leaf=is_quantized,
     )
     axes = self.optimizer_def.derive_param_states_axes(shadow, params, params_axes)
-    leaves, treedef = jax.tree.flatten(stored, is_leaf=_is_quantized)
+    leaves, treedef = jax.tree.flatten(stored, is_leaf=is_quantized)
     out = [
-      quantized_axes(leaf, spec) if _is_quantized(leaf) else spec
+      quantized_axes(leaf, spec) if is_quantized(leaf) else spec
       for leaf, spec in zip(leaves, treedef.flatten_up_to(axes), strict=True)
     ]
     return LowBitState(treedef.unflatten(out))
@@ -202,7 +178,7 @@ def state_path(keys: tuple) -> str:
   """A state leaf's path as `low_bit_state`'s ``states`` pattern reads it: its key names
   joined by '/', from the top of the wrapped definition's state (adam's second moment of
   ``params['w']``: ``'0/nu/w'``; under `ema`, ``'inner/0/nu/w'``)."""
-  return "/".join(paths.key_name(k) for k in keys)
+  return paths.path_str(keys)[1:]
 
 
 def quantized_axes(leaf: QuantizedArray, spec: Any) -> QuantizedArray:

@@ -23,6 +23,7 @@ import jax
 from jax.sharding import Mesh, NamedSharding
 
 from optcore._src import paths
+from optcore._src.checks import check_regex
 
 PyTree = Any
 
@@ -68,12 +69,7 @@ def memory_kind_rules(memory_kind: Any) -> tuple[tuple[str, str], ...] | str | N
       f"it finds ({{'/nu/': 'pinned_host'}}); got {memory_kind!r}"
     )
   for pattern, _ in pairs:
-    try:
-      re.compile(pattern)
-    except re.error as error:
-      raise ValueError(
-        f"state_memory_kind: {pattern!r} is not a regular expression: {error}"
-      ) from None
+    check_regex(pattern, f"state_memory_kind: {pattern!r}")
   return pairs
 
 
@@ -89,7 +85,7 @@ def with_memory_kind(state: PyTree, shardings: PyTree, mesh: Mesh, memory_kind: 
   keyed, treedef = jax.tree_util.tree_flatten_with_path(state)
 
   def kind_of(keys: tuple) -> str | None:
-    path = "/".join(paths.key_name(k) for k in keys)
+    path = paths.path_str(keys)[1:]  # as low_bit_state's states= reads it: 'param_states/...'
     return next((kind for pattern, kind in rules if re.search(pattern, path)), None)
 
   placed = []

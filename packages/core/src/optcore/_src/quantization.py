@@ -389,23 +389,24 @@ def check_rounding(rounding: str) -> str:
   return rounding
 
 
-def _is_quantized(x: Any) -> bool:
+def is_quantized(x: Any) -> bool:
+  """Whether ``x`` is a `QuantizedArray` (an ``is_leaf`` for tree functions)."""
   return isinstance(x, QuantizedArray)
 
 
 def dequantize_tree(tree: Any) -> Any:
   """``tree`` with each `QuantizedArray` replaced by its float values."""
   return jax.tree.map(
-    lambda x: x.dequantize() if _is_quantized(x) else x, tree, is_leaf=_is_quantized
+    lambda x: x.dequantize() if is_quantized(x) else x, tree, is_leaf=is_quantized
   )
 
 
 def requantize_like(values: Any, like: Any) -> Any:
   """``values`` (``like``'s structure, float arrays where ``like`` has a `QuantizedArray`)
   with each of those quantized in ``like``'s format there."""
-  leaves, treedef = jax.tree.flatten(like, is_leaf=_is_quantized)
+  leaves, treedef = jax.tree.flatten(like, is_leaf=is_quantized)
   new = treedef.flatten_up_to(values)
-  out = [o.requantize(n) if _is_quantized(o) else n for o, n in zip(leaves, new, strict=True)]
+  out = [o.requantize(n) if is_quantized(o) else n for o, n in zip(leaves, new, strict=True)]
   return treedef.unflatten(out)
 
 

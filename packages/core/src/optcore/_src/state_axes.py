@@ -19,7 +19,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from optcore._src import partition_rules, sharding
 from optcore._src import placement as memory
 from optcore._src.optimizer import Optimizer, OptimizerState
-from optcore._src.quantization import QuantizedArray
+from optcore._src.quantization import is_quantized
 
 PyTree = Any
 LogicalAxisRules = Sequence[tuple[str, Any]]
@@ -355,8 +355,8 @@ def _within_block(state: PyTree) -> list[bool]:
   (a `QuantizedArray`'s codes): split over ``state_axis`` it would cut blocks from their
   scales, so it never is."""
   flags = []
-  for leaf in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, QuantizedArray)):
-    flags.extend([True, False] if isinstance(leaf, QuantizedArray) else [False])
+  for leaf in jax.tree.leaves(state, is_leaf=is_quantized):
+    flags.extend([True, False] if is_quantized(leaf) else [False])
   return flags
 
 

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 from optcore._src.base import OptimizerDef
 from optcore._src.hyper_params import HyperParams
 from optcore._src.optimizer import OptimizerState
-from optcore._src.quantization import QuantizedArray
+from optcore._src.quantization import is_quantized
 
 PyTree = Any
 
@@ -194,17 +194,30 @@ def map_optimizer_leaves(fn: Any, tree: PyTree, *rest: PyTree) -> PyTree:
   keeps, leaving a wrapper's own fields as they are: `mixed_precision`'s ``state_dtype`` is the
   moments' dtype, never an `accumulate` mean's or an `ema` average's (a bfloat16 average of
   decay 0.999 never moved)."""
+  return map_optimizer_leaves_with_path(lambda _, *leaves: fn(*leaves), tree, *rest)
+
+
+def map_optimizer_leaves_with_path(
+  fn: Any, tree: PyTree, *rest: PyTree, prefix: tuple = ()
+) -> PyTree:
+  """`map_optimizer_leaves` with each leaf's key path from the top of ``tree`` first:
+  ``fn(keys, leaf, *others)`` (a wrapper's own state is entered at its ``inner``). A
+  `QuantizedArray` is kept as it is: it is stored in its own format (`low_bit_state`)."""
   states = wrapper_states()
 
-  def visit(node: Any, *others: Any) -> Any:
+  def visit(keys: tuple, node: Any, *others: Any) -> Any:
     if isinstance(node, states):
-      return node._replace(inner=map_optimizer_leaves(fn, node.inner, *(o.inner for o in others)))
-    if isinstance(node, QuantizedArray):  # stored in its own format (low_bit_state)
+      inner_keys = (*prefix, *keys, jax.tree_util.GetAttrKey("inner"))
+      inner = map_optimizer_leaves_with_path(
+        fn, node.inner, *(o.inner for o in others), prefix=inner_keys
+      )
+      return node._replace(inner=inner)
+    if is_quantized(node):
       return node
-    return fn(node, *others)
+    return fn((*prefix, *keys), node, *others)
 
-  stop = lambda n: isinstance(n, states) or isinstance(n, QuantizedArray)
-  return jax.tree.map(visit, tree, *rest, is_leaf=stop)
+  stop = lambda n: isinstance(n, states) or is_quantized(n)
+  return jax.tree_util.tree_map_with_path(visit, tree, *rest, is_leaf=stop)
 
 
 def init_in_one_program(init: Any, params: PyTree) -> Any:
