@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from timing import balanced_ratio, device_name
+from timing import balanced_ratio, device_name, donated_runner
 
 import optcore
 
@@ -95,19 +95,7 @@ def create_memory(params) -> dict[str, dict[str, int]]:
 
 def runner(name: str, params, steps: int):
   opt_def = STATES["float32" if name == "control" else name](optcore.adam(1e-3))
-  opt = opt_def.create(jax.tree.map(jnp.copy, params))
-  grads = jax.tree.map(lambda p: 1e-3 * jnp.ones_like(p), params)
-  step = jax.jit(lambda o, g: o.apply_gradient(g), donate_argnums=(0,))
-  holder = [opt]
-
-  def run():
-    (opt,) = holder
-    for _ in range(steps):
-      opt = step(opt, grads)
-    jax.block_until_ready(opt)
-    holder[:] = [opt]
-
-  return run
+  return donated_runner(opt_def, params, steps)
 
 
 def step_time(params, rounds: int, steps: int) -> dict[str, list[float]]:

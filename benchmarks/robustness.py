@@ -25,7 +25,7 @@ from pathlib import Path
 
 import jax
 import optax
-from timing import balanced_ratio, device_name, make_params
+from timing import balanced_ratio, device_name, donated_runner, make_params
 
 import optcore
 
@@ -39,19 +39,7 @@ DEFS = {
 
 
 def runner(key: str, params: dict, steps: int):
-  opt = DEFS[key]().create(jax.tree.map(jax.numpy.copy, params))  # its own: the step donates
-  grads = jax.tree.map(lambda p: 1e-3 * jax.numpy.ones_like(p), params)
-  step = jax.jit(lambda opt, g: opt.apply_gradient(g), donate_argnums=(0,))
-  holder = [opt]
-
-  def run():
-    (opt,) = holder
-    for _ in range(steps):
-      opt = step(opt, grads)
-    jax.block_until_ready(opt)
-    holder[:] = [opt]
-
-  return run
+  return donated_runner(DEFS[key](), params, steps)
 
 
 def bench(total: int, leaves: int, rounds: int, steps: int) -> dict:
