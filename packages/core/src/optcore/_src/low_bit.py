@@ -33,7 +33,19 @@ PyTree = Any
 #: algorithms' ``grad_sq_ema`` (Adam, LAMB), ``v`` (RMSProp, Adafactor), ``G`` (Adagrad),
 #: and adadelta's ``e_g``/``e_x``. Every other field is quantized with the signed map.
 SECOND_MOMENTS = frozenset(
-  {"nu", "nu_max", "sum_of_squares", "grad_sq_ema", "v", "v_row", "v_col", "G", "e_g", "e_x"}
+  {
+    "nu",
+    "nu_max",
+    "sum_of_squares",
+    "grad_sq_ema",
+    "v",
+    "v_row",
+    "v_col",
+    "G",
+    "e_g",
+    "e_x",
+    "exp_avg_sq",  # SOAP's, Prodigy's, D-Adaptation's, MoMo-Adam's
+  }
 )
 
 #: Leaves smaller than this stay in their own dtype (bitsandbytes' ``min_8bit_size``): a
