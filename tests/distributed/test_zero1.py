@@ -25,7 +25,12 @@ PER_ELEMENT = {"adam", "adamw", "adamax", "adamaxw", "amsgrad", "nadam", "nadamw
 PER_ELEMENT |= {"rmsprop", "adagrad", "adabelief", "yogi", "sign_sgd", "signum"}
 # Elsewhere a reduction over a split dimension (a norm, a factored mean, an SVD) sums in another
 # float32 order: 1e-6, and 1e-5 where the optimizer amplifies it (see test_sharded_optimizers.py).
-REORDERED = {"lbfgs": 1e-5, "contrib.momo": 1e-5, "contrib.galore": 1e-5}
+REORDERED = {
+  "lbfgs": 1e-5,
+  "contrib.momo": 1e-5,
+  "contrib.galore": 1e-5,
+  "contrib.soap": 1e-5,
+}  # eigh and QR of factors summed in another order
 
 
 @pytest.fixture(scope="module")

@@ -42,8 +42,13 @@ class Case:
     return self.name
 
   def optax_factory(self) -> Callable[..., Any]:
+    """optax's factory; for optcore's own optimizers (no optax original), the optax
+    transformation optcore wraps (``optcore.contrib.soap`` wraps ``_src.soap.soap``)."""
+    name = self.name.removeprefix("contrib.")
+    if name in optcore.contrib.OWN_OPTIMIZERS:
+      return optcore.contrib.soap.__wrapped__ if name == "soap" else None
     module = optax.contrib if self.name.startswith("contrib.") else optax
-    return getattr(module, self.name.removeprefix("contrib."))
+    return getattr(module, name)
 
   def optcore_factory(self) -> Callable[..., Any]:
     if self.name.startswith("contrib."):
@@ -131,6 +136,10 @@ CASES = [
   Case("contrib.schedule_free_adamw", LR, frozen_at_zero_lr=False),
   Case("contrib.schedule_free_sgd", LR, frozen_at_zero_lr=False),
   Case("contrib.simplified_ademamix", LR),
+  # Dimensions above 8 keep the identity: the (16, 32) kernel's first factors (and those of
+  # a layer of the (2, 8, 16) stack) would have null spaces whose eigenbases rounding decides
+  # (docs/concepts/soap.md). The stack's 2 and 8 are preconditioned.
+  Case("contrib.soap", {**LR, "precondition_frequency": 2, "max_precond_dim": 8}),
   Case("contrib.sophia", LR, extra="obj_fn"),
   Case(
     "contrib.split_real_and_imaginary", {}, lr_name=None, make_args=lambda c: {"inner": _base(c)}

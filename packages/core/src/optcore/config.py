@@ -6,7 +6,8 @@ A config names an optimizer and its hyper-parameters::
 
 `to_config` writes the hyper-parameters that differ from their defaults.
 ``name`` is an optax alias (``"adamw"``), a contrib optimizer
-(``"contrib.muon"``), a legacy algorithm (``"legacy.Adam"``), T5X's Adafactor
+(``"contrib.muon"``; optcore's own, ``"soap"``, also without ``contrib.``), a
+legacy algorithm (``"legacy.Adam"``), T5X's Adafactor
 (``"adafactor.Adafactor"``), ``"chain"`` (``"transformations"``: a list of
 optimizer configs or optax transforms ``{"transform": "clip_by_global_norm",
 "max_norm": 1.0}``), ``"multi"`` (``"groups"``: a list of ``{"select":

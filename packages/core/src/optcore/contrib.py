@@ -1,5 +1,6 @@
 """optax.contrib's optimizers as optcore definitions: ``optcore.contrib.<name>``.
 
+Also optcore's own optimizers with no optax original (`OWN_OPTIMIZERS`: ``soap``).
 Optimizer wrappers (mechanize, sam, schedule_free, split_real_and_imaginary)
 take optax transformations or optcore definitions. The list is written out,
 one line each, so that IDEs and type checkers see every name, and
@@ -20,6 +21,9 @@ import optax.contrib as _contrib
 from optcore._src.matrix_axes import muon_with_axes as _muon_with_axes
 from optcore._src.optax_wrapper import wrap_optax_optimizer as _wrap
 from optcore._src.optax_wrapper import wrapped_names as _wrapped_names
+from optcore._src.soap import Preconditioners as Preconditioners
+from optcore._src.soap import SoapState as SoapState
+from optcore._src.soap import soap as _soap
 
 acprop = _wrap(_contrib.acprop, name="contrib.acprop")
 ademamix = _wrap(_contrib.ademamix, name="contrib.ademamix")
@@ -45,9 +49,22 @@ sophia = _wrap(_contrib.sophia, name="contrib.sophia")
 split_real_and_imaginary = _wrap(
   _contrib.split_real_and_imaginary, name="contrib.split_real_and_imaginary"
 )
+# optcore's own, with no optax original: the matrix-preconditioned optimizers, their
+# numbers those of their authors' code (docs/concepts/soap.md).
+soap = _wrap(_soap, name="contrib.soap")
+
+#: optcore's own optimizers above (no optax original); a config may also name them without
+#: ``contrib.`` (``{"name": "soap"}``).
+OWN_OPTIMIZERS: tuple[str, ...] = ("soap",)
 
 #: The optax.contrib optimizers wrapped above: read from this module, so a line added
 #: above is a contrib optimizer everywhere (``optcore.contrib.<name>``, configs).
-CONTRIB_OPTIMIZERS: tuple[str, ...] = _wrapped_names(globals(), _contrib)
+CONTRIB_OPTIMIZERS: tuple[str, ...] = (*_wrapped_names(globals(), _contrib), *OWN_OPTIMIZERS)
 
-__all__ = ["CONTRIB_OPTIMIZERS", *CONTRIB_OPTIMIZERS]
+__all__ = [
+  "CONTRIB_OPTIMIZERS",
+  "OWN_OPTIMIZERS",
+  "Preconditioners",
+  "SoapState",
+  *CONTRIB_OPTIMIZERS,
+]

@@ -33,6 +33,7 @@ from optcore._src.sharding import check_divisible as check_divisible
 from optcore._src.sharding import logical_to_mesh as logical_to_mesh
 from optcore._src.sharding import logical_to_mesh_axes as logical_to_mesh_axes
 from optcore._src.sharding import logical_to_mesh_sharding as logical_to_mesh_sharding
+from optcore._src.soap import soap_roles as soap_roles
 
 __all__ = [
   "MATRIX_AXIS_RULES",
@@ -52,4 +53,5 @@ __all__ = [
   "register_state_rule",
   "replicated",
   "rule_for",
+  "soap_roles",
 ]

@@ -213,6 +213,8 @@ def _factory(name: Any, where: str) -> Any:
   legacy_names = _legacy_names()
   if name.startswith("contrib.") and name[8:] in contrib.CONTRIB_OPTIMIZERS:
     return getattr(contrib, name[8:])
+  if name in contrib.OWN_OPTIMIZERS:  # optcore's own: no optax name to tell apart from
+    return getattr(contrib, name)
   if name.startswith("legacy.") and name[7:] in legacy_names:
     return getattr(legacy, name[7:])
   if name == "adafactor.Adafactor":

@@ -1,0 +1,646 @@
+"""SOAP (Vyas et al. 2024, arXiv:2409.11321): Adam in the eigenbasis of Shampoo's preconditioner.
+
+The numbers are those of the authors' PyTorch ``soap.py`` (nikhilvyas/SOAP): per
+dimension of each parameter a factor ``GG`` (the moving average of the gradient's
+outer product over that dimension) and its eigenbasis ``Q``; Adam's moments kept
+in that basis; the first step only sets up ``GG`` and ``Q`` (the parameters do
+not move, so the projection never uses the gradient it projects); a new basis
+every ``precondition_frequency`` steps by one power iteration and a QR
+decomposition, the second moment permuted to the new eigenvalue order and the
+first moment rotated into the new basis; decoupled weight decay after the step.
+Dimensions above ``max_precond_dim`` (and vectors, unless ``precondition_1d``)
+keep the identity. See docs/concepts/soap.md.
+
+From logical axes (``param_logical_axes=``, or those given to ``create_sharded``),
+a rule table (`optcore.partitioning.MATRIX_AXIS_RULES`, extended by
+``matrix_rules=``) says what each dimension is: a ``"batch"`` dimension (stacked
+layers, experts) is a set of independent copies, each with factors of its own
+(they are stored stacked, with the batch dimension's axis); an ``"adam"``
+dimension (``vocab``) keeps the identity, as the authors' default
+``max_precond_dim`` does for vocabulary sizes; a ``"matrix"`` dimension is
+preconditioned. Without axes every dimension is preconditioned, as in the
+reference.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import PartitionSpec
+
+from optcore._src import optax_rules, paths
+from optcore._src import partition_rules as pr
+from optcore._src.matrix_axes import MATRIX_AXIS_RULES, ROLES
+
+PyTree = Any
+
+
+@jax.tree_util.register_pytree_with_keys_class
+class Preconditioners:
+  """One parameter's factors (or eigenbases), one per dimension of its matrix.
+
+  Attributes:
+    matrices: per preconditioned dimension a ``(*batch, d, d)`` array; None for
+      a dimension that keeps the identity (above ``max_precond_dim``, a vector
+      without ``precondition_1d``, an ``"adam"`` axis).
+    dims: per entry, the parameter's dimension it preconditions; None where
+      ``merge_dims`` merged several into one.
+    batch_dims: the parameter's dimensions that are independent copies
+      (``"batch"`` axes), which lead each matrix's shape.
+  """
+
+  def __init__(
+    self,
+    matrices: tuple[jax.Array | None, ...],
+    dims: tuple[int | None, ...],
+    batch_dims: tuple[int, ...] = (),
+  ):
+    self.matrices = tuple(matrices)
+    self.dims = tuple(dims)
+    self.batch_dims = tuple(batch_dims)
+
+  def tree_flatten_with_keys(self) -> tuple:
+    children = [(jax.tree_util.DictKey(str(i)), m) for i, m in enumerate(self.matrices)]
+    return children, (self.dims, self.batch_dims)
+
+  @classmethod
+  def tree_unflatten(cls, aux: tuple, children: Any) -> Preconditioners:
+    return cls(tuple(children), *aux)
+
+  def __eq__(self, other: object) -> bool:  # as a NamedTuple compares: field by field
+    if type(other) is not type(self):
+      return NotImplemented
+    return (self.dims, self.batch_dims) == (other.dims, other.batch_dims) and (
+      self.matrices == other.matrices
+    )
+
+  __hash__ = None  # type: ignore[assignment]  # holds arrays
+
+  def __repr__(self) -> str:
+    shown = [tuple(m.shape) if hasattr(m, "shape") else m for m in self.matrices]
+    return f"Preconditioners({shown}, dims={self.dims}, batch_dims={self.batch_dims})"
+
+
+class SoapState(NamedTuple):
+  """The state of `soap`, the reference's per-parameter state as trees.
+
+  Attributes:
+    count: calls so far; the first only sets up ``gg`` and ``q``, so Adam's
+      step (the reference's ``state['step']``) is ``count`` at the update.
+    exp_avg: Adam's first moment, in the eigenbasis ``q``.
+    exp_avg_sq: Adam's second moment, in the eigenbasis ``q``.
+    gg: per parameter, `Preconditioners` holding the factors (``GG``).
+    q: per parameter, `Preconditioners` holding their eigenbases (``Q``).
+  """
+
+  count: jax.Array
+  exp_avg: PyTree
+  exp_avg_sq: PyTree
+  gg: PyTree
+  q: PyTree
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+  """How one parameter is preconditioned (static)."""
+
+  shape: tuple[int, ...]
+  batch_dims: tuple[int, ...]
+  slice_shape: tuple[int, ...]  # the shape of one copy: the non-batch dimensions
+  channels_last: bool  # a 4-D slice merged as NCHW from NHWC
+  merged_shape: tuple[int, ...]
+  preconditioned: tuple[bool, ...]  # per merged dimension
+  dims: tuple[int | None, ...]  # per merged dimension, the parameter's dimension
+
+  @property
+  def permuted_shape(self) -> tuple[int, ...]:
+    s = self.slice_shape
+    return (s[0], s[3], s[1], s[2]) if self.channels_last else s
+
+  def to_merged(self, x: jax.Array) -> jax.Array:
+    if self.channels_last:
+      x = jnp.transpose(x, (0, 3, 1, 2))
+    return x.reshape(self.merged_shape)
+
+  def from_merged(self, x: jax.Array) -> jax.Array:
+    x = x.reshape(self.permuted_shape)
+    return jnp.transpose(x, (0, 2, 3, 1)) if self.channels_last else x
+
+
+def merged_shape(shape: tuple[int, ...], max_precond_dim: int) -> tuple[int, ...]:
+  """The reference's ``merge_dims``: neighbouring dimensions merged while their
+  product stays at most ``max_precond_dim``."""
+  return tuple(
+    math.prod(shape[d] for d in group) for group in _merge_groups(shape, max_precond_dim)
+  )
+
+
+def _merge_groups(shape: tuple[int, ...], max_precond_dim: int) -> list[tuple[int, ...]]:
+  """Which of ``shape``'s dimensions each merged dimension holds (the reference's rule;
+  a merged dimension of size 1 holds those of size 1, or none for a scalar)."""
+  groups: list[tuple[int, ...]] = []
+  current, members = 1, []
+  for dim, size in enumerate(shape):
+    if current * size > max_precond_dim:
+      if current > 1:
+        groups.append(tuple(members))
+        current, members = size, [dim]
+      else:
+        groups.append((*members, dim))
+        current, members = 1, []
+    else:
+      current *= size
+      members.append(dim)
+  if current > 1 or not groups:
+    groups.append(tuple(members))
+  return groups
+
+
+def _layout(
+  path: str,
+  shape: tuple[int, ...],
+  roles: tuple[str, ...] | None,
+  *,
+  max_precond_dim: int,
+  merge_dims: bool,
+  precondition_1d: bool,
+  data_format: str,
+) -> _Layout:
+  roles = roles if roles is not None else ("matrix",) * len(shape)
+  batch = tuple(d for d, r in enumerate(roles) if r == "batch")
+  kept = tuple(d for d, r in enumerate(roles) if r != "batch")
+  slice_shape = tuple(shape[d] for d in kept)
+  slice_roles = tuple(roles[d] for d in kept)
+  if len(slice_shape) == 1:
+    size = slice_shape[0]
+    return _Layout(
+      shape, batch, slice_shape, False, slice_shape,
+      (precondition_1d and size <= max_precond_dim and slice_roles[0] != "adam",), kept,
+    )  # fmt: skip
+  if merge_dims:
+    if "adam" in slice_roles:
+      raise pr.PartitionRuleError(
+        f"soap: the parameter at {path!r} (shape {shape}, roles {roles}) has a dimension the "
+        "matrix rules leave unpreconditioned ('adam'), and merge_dims=True merges dimensions "
+        "by size alone. Pass merge_dims=False, or a rule making that axis 'matrix'."
+      )
+    channels_last = data_format == "channels_last" and len(slice_shape) == 4
+    permuted = (
+      (slice_shape[0], slice_shape[3], slice_shape[1], slice_shape[2])
+      if channels_last
+      else slice_shape
+    )
+    groups = _merge_groups(permuted, max_precond_dim)
+    merged = tuple(math.prod(permuted[d] for d in group) for group in groups)
+    order = (0, 3, 1, 2) if channels_last else tuple(range(len(slice_shape)))
+    dims = tuple(kept[order[group[0]]] if len(group) == 1 else None for group in groups)
+    return _Layout(
+      shape, batch, slice_shape, channels_last, merged,
+      tuple(size <= max_precond_dim for size in merged), dims,
+    )  # fmt: skip
+  pairs = zip(slice_shape, slice_roles, strict=True)
+  preconditioned = tuple(size <= max_precond_dim and r != "adam" for size, r in pairs)
+  return _Layout(shape, batch, slice_shape, False, slice_shape, preconditioned, kept)
+
+
+def soap_roles(
+  params: PyTree, param_logical_axes: PyTree, rules: Mapping[str, str] | None = None
+) -> PyTree:
+  """Per parameter, the role of each of its dimensions (``"matrix"``, ``"batch"``
+  or ``"adam"``) from its logical axes, as `soap` uses them.
+
+  A parameter of rank 3 or more with a dimension no rule names (or no name)
+  raises, naming its path; in a vector or a matrix such a dimension is a matrix
+  dimension, as the reference treats every dimension.
+
+  Args:
+    params: the parameters (arrays or abstract arrays).
+    param_logical_axes: one `PartitionSpec` (or tuple of names, or None) per
+      parameter.
+    rules: axis name -> role, added to (and overriding) `MATRIX_AXIS_RULES`.
+
+  Returns:
+    A tree of the parameters' structure with a tuple of roles at each leaf.
+
+  Raises:
+    PartitionRuleError: the axes do not fit the parameters, or a parameter of
+      rank 3 or more has a dimension no rule covers.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from jax.sharding import PartitionSpec as P
+    >>> from optcore.partitioning import soap_roles
+    >>> params = {'wi': jnp.zeros((4, 8, 16)), 'emb': jnp.zeros((32, 8))}
+    >>> soap_roles(params, {'wi': P('layers', 'embed', 'mlp'), 'emb': P('vocab', 'embed')})
+    {'emb': ('adam', 'matrix'), 'wi': ('batch', 'matrix', 'matrix')}
+  """
+  table = {**MATRIX_AXIS_RULES, **(rules or {})}
+  for name, role in table.items():
+    if role not in ROLES:
+      raise ValueError(f"matrix rule {name!r} -> {role!r}: a role is one of {list(ROLES)}")
+  keyed, treedef = jax.tree_util.tree_flatten_with_path(params)
+  try:
+    given = treedef.flatten_up_to(paths.conform(params, param_logical_axes))
+  except (ValueError, TypeError) as e:
+    raise pr.PartitionRuleError(
+      "soap: param_logical_axes do not have the structure of the parameters: give one "
+      f"PartitionSpec (or None) per parameter, in the same tree; the mismatch: {e}"
+    ) from None
+  out = []
+  for (keys, leaf), spec in zip(keyed, given, strict=True):
+    path, shape = paths.path_str(keys), tuple(leaf.shape)
+    entries = () if spec is None else (spec,) if isinstance(spec, str) else tuple(spec)
+    if len(entries) > len(shape):
+      raise pr.PartitionRuleError(
+        f"soap: the axes of the parameter at {path!r} are {PartitionSpec(*entries)} with "
+        f"{len(entries)} entries, but the parameter has {len(shape)} dimensions (shape "
+        f"{shape}). Give one axis name per dimension."
+      )
+    entries += (None,) * (len(shape) - len(entries))
+    roles = []
+    for dim, entry in enumerate(entries):
+      if isinstance(entry, tuple):
+        if len(entry) != 1:
+          raise pr.PartitionRuleError(
+            f"soap: the parameter at {path!r} has the dimension {entry!r}, several logical "
+            "axes in one; give it one name"
+          )
+        entry = entry[0]
+      if entry is None or entry not in table:
+        if len(shape) > 2:
+          raise pr.PartitionRuleError(
+            f"soap: the parameter at {path!r} (shape {shape}, axes {tuple(entries)}) has "
+            f"{'no axis name' if entry is None else f'the axis {entry!r}'} at dimension {dim}, "
+            "which no matrix rule covers: is it a matrix dimension or a stack of copies? Name "
+            f"it in the logical axes, or pass matrix_rules={{{(entry or 'its_axis')!r}: "
+            "'matrix' | 'batch' | 'adam'}."
+          )
+        roles.append("matrix")
+      else:
+        roles.append(table[entry])
+    out.append(tuple(roles))
+  return treedef.unflatten(out)
+
+
+def _layouts(params: PyTree, roles: PyTree | None, config: dict) -> list[_Layout]:
+  keyed, treedef = jax.tree_util.tree_flatten_with_path(params)
+  role_leaves = [None] * len(keyed) if roles is None else treedef.flatten_up_to(roles)
+  return [
+    _layout(paths.path_str(keys), tuple(leaf.shape), r, **config)
+    for (keys, leaf), r in zip(keyed, role_leaves, strict=True)
+  ]
+
+
+# One copy's algorithm: x is a slice (the batch dimensions removed), qs its eigenbases.
+
+
+def _project(layout: _Layout, x: jax.Array, qs: tuple, back: bool = False) -> jax.Array:
+  """The reference's ``project`` (``project_back`` with back=True): each merged
+  dimension in turn contracted with its basis (``Q``'s rows, or columns going
+  back), or moved last where it keeps the identity."""
+  x = layout.to_merged(x)
+  for q in qs:
+    if q is None:
+      x = jnp.moveaxis(x, 0, -1)
+    else:
+      x = jnp.tensordot(x, q, axes=([0], [1 if back else 0]))
+  return layout.from_merged(x)
+
+
+def _lerp(start: jax.Array, end: jax.Array, weight: Any) -> jax.Array:
+  """torch's ``lerp``, both of its branches."""
+  low = start + weight * (end - start)
+  high = end - (end - start) * (1 - weight)
+  if isinstance(weight, (int, float)):
+    return low if weight < 0.5 else high
+  return jnp.where(weight < 0.5, low, high)
+
+
+def _update_factors(layout: _Layout, ggs: tuple, grad: jax.Array, weight: Any) -> tuple:
+  g = layout.to_merged(grad.astype(jnp.float32))
+  out = []
+  for idx, gg in enumerate(ggs):
+    if gg is None:
+      out.append(None)
+      continue
+    others = [d for d in range(g.ndim) if d != idx]
+    outer = jnp.tensordot(g, g, axes=(others, others))
+    out.append(_lerp(gg, outer, weight))
+  return tuple(out)
+
+
+def _eigenbasis(gg: jax.Array) -> jax.Array:
+  """``eigh(GG + 1e-30 I)``'s eigenvectors, largest eigenvalue first (the lower
+  triangle read, as torch and LAPACK read it)."""
+  eye = jnp.eye(gg.shape[0], dtype=gg.dtype)
+  _, vectors = jnp.linalg.eigh(gg + 1e-30 * eye, UPLO="L", symmetrize_input=False)
+  return jnp.flip(vectors, axis=1)
+
+
+def _refresh(layout: _Layout, ggs: tuple, qs: tuple, exp_avg_sq: jax.Array):
+  """The reference's ``get_orthogonal_matrix_QR``: the old basis sorted by its
+  estimated eigenvalues (the second moment permuted alike), one power
+  iteration, a QR decomposition."""
+  v = layout.to_merged(exp_avg_sq)
+  new = []
+  for ind, (m, o) in enumerate(zip(ggs, qs, strict=True)):
+    if m is None:
+      new.append(None)
+      continue
+    estimated = jnp.diagonal((o.T @ m) @ o)
+    order = jnp.argsort(estimated, descending=True, stable=True)
+    v = jnp.take(v, order, axis=ind)
+    o = o[:, order]
+    q, _ = jnp.linalg.qr(m @ o)
+    new.append(q)
+  return tuple(new), layout.from_merged(v)
+
+
+def _adam_direction(layout, grad, exp_avg, exp_avg_sq, qs, h):
+  """One Adam step in the eigenbasis: the new moments and the direction, back in
+  the parameter's basis (normalized where ``normalize_grads``)."""
+  dtype = exp_avg.dtype
+  g = _project(layout, grad.astype(jnp.float32), qs)
+  m = exp_avg.astype(jnp.float32) * h["b1"] + g * (1.0 - h["b1"])
+  v = exp_avg_sq.astype(jnp.float32) * h["b2"] + jnp.square(g) * (1.0 - h["b2"])
+  direction = _project(layout, m / (jnp.sqrt(v) + h["eps"]), qs, back=True)
+  if h["normalize_grads"]:
+    direction = direction / (1e-30 + jnp.mean(direction**2) ** 0.5)
+  return m.astype(dtype), v.astype(dtype), direction
+
+
+def _on_copies(layout: _Layout, one_copy, grad, param, exp_avg, exp_avg_sq, ggs, qs):
+  """``one_copy`` on every copy of a parameter, its batch dimensions vmapped: the
+  parameter-shaped arguments have them where the parameter has them, the factors
+  lead with them; the results come back the same way."""
+  nb = len(layout.batch_dims)
+  rest = tuple(d for d in range(len(layout.shape)) if d not in layout.batch_dims)
+  order = (*layout.batch_dims, *rest)
+  inverse = tuple(order.index(d) for d in range(len(order)))
+  batch_shape = tuple(layout.shape[d] for d in layout.batch_dims)
+  size = math.prod(batch_shape)
+
+  def param_in(x):
+    return None if x is None else jnp.transpose(x, order).reshape(size, *layout.slice_shape)
+
+  def param_out(x):
+    return jnp.transpose(x.reshape(*batch_shape, *layout.slice_shape), inverse)
+
+  def factor_in(x):
+    return None if x is None else x.reshape(size, *x.shape[nb:])
+
+  def factor_out(x):
+    return None if x is None else x.reshape(*batch_shape, *x.shape[1:])
+
+  update, m, v, new_ggs, new_qs = jax.vmap(one_copy)(
+    param_in(grad), param_in(param), param_in(exp_avg), param_in(exp_avg_sq),
+    tuple(map(factor_in, ggs)), tuple(map(factor_in, qs)),
+  )  # fmt: skip
+  return (
+    param_out(update), param_out(m), param_out(v),
+    tuple(map(factor_out, new_ggs)), tuple(map(factor_out, new_qs)),
+  )  # fmt: skip
+
+
+def soap(
+  learning_rate: optax.ScalarOrSchedule = 3e-3,
+  b1: float = 0.95,
+  b2: float = 0.95,
+  shampoo_beta: float = -1,
+  eps: float = 1e-8,
+  weight_decay: float = 0.01,
+  precondition_frequency: int = 10,
+  max_precond_dim: int = 10000,
+  merge_dims: bool = False,
+  precondition_1d: bool = False,
+  normalize_grads: bool = False,
+  data_format: str = "channels_first",
+  correct_bias: bool = True,
+  *,
+  param_logical_axes: PyTree = None,
+  matrix_rules: Mapping[str, str] | None = None,
+) -> optax.GradientTransformation:
+  """SOAP, with the numbers of its authors' PyTorch ``soap.py``.
+
+  The reference's arguments under its names (``learning_rate`` for its ``lr``,
+  ``b1``, ``b2`` for its ``betas``) with its defaults. The first call only sets
+  up the factors and their eigenbases: its updates are zero (weight decay too).
+  ``learning_rate`` may be a schedule of the number of Adam steps before this
+  one. Weight decay needs the parameters in ``update`` (``params=``).
+
+  Args:
+    learning_rate: the step size (the reference's ``lr``).
+    b1: Adam's first-moment decay.
+    b2: Adam's second-moment decay.
+    shampoo_beta: the factors' decay; a negative value means ``b2``.
+    eps: added to the square root of the second moment.
+    weight_decay: decoupled weight decay, ``p -= learning_rate * weight_decay * p``
+      after the step.
+    precondition_frequency: a new eigenbasis every this many steps.
+    max_precond_dim: dimensions above this size keep the identity.
+    merge_dims: merge neighbouring dimensions while their product stays at
+      most ``max_precond_dim`` (a convolution's kernel).
+    precondition_1d: precondition vectors too.
+    normalize_grads: divide each parameter's direction by its RMS.
+    data_format: ``"channels_first"`` or ``"channels_last"`` (NHWC kernels,
+      read as NCHW when ``merge_dims`` merges them).
+    correct_bias: Adam's bias correction.
+    param_logical_axes: per parameter a `PartitionSpec` of logical axis names:
+      ``"batch"`` dimensions get factors of their own per copy, ``"adam"`` ones
+      keep the identity (see `soap_roles`). ``create_sharded`` passes its axes.
+    matrix_rules: axis name -> role, added to `MATRIX_AXIS_RULES`.
+
+  Returns:
+    As ``optcore.contrib.soap``, an optcore definition (``.as_optax()`` gives the
+    optax transformation); its optax state is a `SoapState`.
+
+  Raises:
+    ValueError: an argument out of its range.
+    PartitionRuleError: (at ``init``) the axes do not fit the parameters.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> import optcore
+    >>> opt = optcore.contrib.soap(learning_rate=0.1).create({'w': jnp.ones((2, 3))})
+    >>> opt = opt.apply_gradient({'w': jnp.ones((2, 3))})  # the first step sets up Q
+    >>> opt.target['w']
+    Array([[1., 1., 1.],
+           [1., 1., 1.]], dtype=float32)
+  """
+  if data_format not in ("channels_first", "channels_last"):
+    raise ValueError(
+      f"soap: data_format is 'channels_first' or 'channels_last', not {data_format!r}"
+    )
+  if not isinstance(precondition_frequency, int) or precondition_frequency < 1:
+    raise ValueError(
+      f"soap: precondition_frequency is a positive int, not {precondition_frequency!r}"
+    )
+  if not isinstance(max_precond_dim, int) or max_precond_dim < 1:
+    raise ValueError(f"soap: max_precond_dim is a positive int, not {max_precond_dim!r}")
+  if matrix_rules is not None and param_logical_axes is None:
+    raise TypeError(
+      "soap: matrix_rules apply to param_logical_axes; pass those too (or create the optimizer "
+      "with create_sharded(params, param_logical_axes, ...), which passes them)"
+    )
+  config = dict(
+    max_precond_dim=max_precond_dim,
+    merge_dims=merge_dims,
+    precondition_1d=precondition_1d,
+    data_format=data_format,
+  )
+  if isinstance(shampoo_beta, (int, float)):
+    factor_weight = 1 - (shampoo_beta if shampoo_beta >= 0 else b2)
+  else:  # a traced override
+    factor_weight = 1 - jnp.where(shampoo_beta >= 0, shampoo_beta, b2)
+
+  def layouts_of(params: PyTree) -> list[_Layout]:
+    roles = (
+      None if param_logical_axes is None else soap_roles(params, param_logical_axes, matrix_rules)
+    )
+    return _layouts(params, roles, config)
+
+  def init_fn(params: PyTree) -> SoapState:
+    leaves, treedef = jax.tree.flatten(params)
+    layouts = layouts_of(params)
+
+    def factors(layout: _Layout) -> Preconditioners:
+      batch = tuple(layout.shape[d] for d in layout.batch_dims)
+      return Preconditioners(
+        tuple(
+          jnp.zeros((*batch, size, size), jnp.float32) if on else None
+          for size, on in zip(layout.merged_shape, layout.preconditioned, strict=True)
+        ),
+        layout.dims,
+        layout.batch_dims,
+      )
+
+    zeros = [jnp.zeros(p.shape, p.dtype) for p in leaves]
+    gg = [factors(layout) for layout in layouts]
+    return SoapState(
+      count=jnp.zeros((), jnp.int32),
+      exp_avg=treedef.unflatten(zeros),
+      exp_avg_sq=treedef.unflatten([jnp.zeros(p.shape, p.dtype) for p in leaves]),
+      gg=treedef.unflatten(gg),
+      q=treedef.unflatten([jax.tree.map(jnp.zeros_like, f) for f in gg]),
+    )
+
+  def update_fn(updates: PyTree, state: SoapState, params: PyTree = None):
+    leaves, treedef = jax.tree.flatten(updates)
+    layouts = layouts_of(updates)
+    if params is None and not _is_zero(weight_decay):
+      raise ValueError(
+        "soap: weight_decay is applied to the parameters; pass them to update (params=...) "
+        "or set weight_decay=0"
+      )
+    count = state.count
+    step = count.astype(jnp.float32)
+    lr = learning_rate(count - 1) if callable(learning_rate) else learning_rate
+    h = dict(b1=b1, b2=b2, eps=eps, normalize_grads=normalize_grads)
+    if correct_bias:
+      step_size = lr * jnp.sqrt(1.0 - b2**step) / (1.0 - b1**step)
+    else:
+      step_size = lr
+    param_leaves = [None] * len(leaves) if params is None else treedef.flatten_up_to(params)
+    flat = lambda tree: treedef.flatten_up_to(tree)
+    out = [
+      _leaf(layout, g, p, m, v, gg.matrices, q.matrices, count, step_size, lr, h)
+      for layout, g, p, m, v, gg, q in zip(
+        layouts, leaves, param_leaves, flat(state.exp_avg), flat(state.exp_avg_sq),
+        flat(state.gg), flat(state.q), strict=True,
+      )
+    ]  # fmt: skip
+    gg_old, q_old = flat(state.gg), flat(state.q)
+    new_state = SoapState(
+      count=count + 1,
+      exp_avg=treedef.unflatten([o[1] for o in out]),
+      exp_avg_sq=treedef.unflatten([o[2] for o in out]),
+      gg=treedef.unflatten(
+        [Preconditioners(o[3], f.dims, f.batch_dims) for o, f in zip(out, gg_old, strict=True)]
+      ),
+      q=treedef.unflatten(
+        [Preconditioners(o[4], f.dims, f.batch_dims) for o, f in zip(out, q_old, strict=True)]
+      ),
+    )
+    return treedef.unflatten([o[0] for o in out]), new_state
+
+  def _leaf(layout, grad, param, exp_avg, exp_avg_sq, ggs, qs, count, step_size, lr, h):
+    def one_copy(grad, param, exp_avg, exp_avg_sq, ggs, qs):
+      # Every array reaches the branches as an operand, none as a constant of their
+      # programs: eager calls with NumPy state compile the same arithmetic as jitted ones.
+      def first(operands):
+        grad, _, exp_avg, exp_avg_sq, ggs, _, _, _ = operands
+        new_ggs = _update_factors(layout, ggs, grad, factor_weight)
+        new_qs = tuple(None if gg is None else _eigenbasis(gg) for gg in new_ggs)
+        return jnp.zeros(grad.shape, grad.dtype), exp_avg, exp_avg_sq, new_ggs, new_qs
+
+      def later(operands):
+        grad, param, exp_avg, exp_avg_sq, ggs, qs, step_size, decay = operands
+        m, v, direction = _adam_direction(layout, grad, exp_avg, exp_avg_sq, qs, h)
+        update = -step_size * direction
+        if param is not None and not _is_zero(weight_decay):
+          p = param.astype(jnp.float32)
+          moved = p + update
+          update = moved + decay * moved - p
+        # The preconditioner after the step: the moment back to the parameter's basis,
+        # the factors updated with this gradient, a new basis every precondition_frequency
+        # steps, the moment into the (new) basis.
+        m_plain = _project(layout, m.astype(jnp.float32), qs, back=True)
+        new_ggs = _update_factors(layout, ggs, grad, factor_weight)
+        new_qs, v = jax.lax.cond(
+          count % precondition_frequency == 0,
+          lambda operands: _refresh(layout, *operands),
+          lambda operands: (operands[1], operands[2]),
+          (new_ggs, qs, v),
+        )
+        m = _project(layout, m_plain, new_qs).astype(m.dtype)
+        return update.astype(grad.dtype), m, v.astype(exp_avg_sq.dtype), new_ggs, new_qs
+
+      decay = -lr * weight_decay  # in Python's float where both are numbers, as torch's alpha
+      f32 = lambda x: jnp.asarray(x, jnp.float32)
+      operands = (grad, param, exp_avg, exp_avg_sq, ggs, qs, f32(step_size), f32(decay))
+      return jax.lax.cond(count == 0, first, later, operands)
+
+    if not layout.batch_dims:
+      return one_copy(grad, param, exp_avg, exp_avg_sq, ggs, qs)
+    return _on_copies(layout, one_copy, grad, param, exp_avg, exp_avg_sq, ggs, qs)
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _is_zero(x: Any) -> bool:
+  return isinstance(x, (int, float)) and x == 0
+
+
+def _factor_axes(field: PyTree, state: Any, params_axes: PyTree, params: PyTree) -> PyTree:
+  """Partition rule of ``gg`` and ``q``: a factor keeps the axis of the dimension it
+  preconditions on its rows, after the axes of the batch dimensions; one that merged
+  several dimensions is replicated on both sides."""
+
+  def per_param(node: Preconditioners, spec: PartitionSpec, keys: tuple) -> Preconditioners:
+    entries = tuple(spec)
+    axis = lambda d: entries[d] if d is not None and d < len(entries) else None
+    batch = tuple(axis(d) for d in node.batch_dims)
+    return Preconditioners(
+      tuple(
+        None if m is None else PartitionSpec(*batch, axis(d), None)
+        for m, d in zip(node.matrices, node.dims, strict=True)
+      ),
+      node.dims,
+      node.batch_dims,
+    )
+
+  return pr.map_params(per_param, field, params_axes)
+
+
+optax_rules.fields(
+  SoapState, count=optax_rules.R, exp_avg=optax_rules.P, exp_avg_sq=optax_rules.P,
+  gg=_factor_axes, q=_factor_axes,
+)  # fmt: skip
+
+__all__ = ["Preconditioners", "SoapState", "merged_shape", "soap", "soap_roles"]
