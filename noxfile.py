@@ -284,7 +284,8 @@ def bench(session: nox.Session) -> None:
   bandwidth), the Equinox filter_jit loop, the NNX face against nnx.Optimizer, the grouped
   layout's full train steps, sharded state memory and ZeRO-1 on 8 devices, host offload,
   mixed-precision state and accumulation (training_at_scale.py), state at 16, 8 and 4 bits and
-  stochastic rounding (low_bit.py); writes Markdown and JSON
+  stochastic rounding (low_bit.py), SOAP against AdamW and Muon (matrix_optimizers.py; with
+  `-- --reference SOAP_CLONE --torch-python PY` also the authors' SOAP); writes Markdown and JSON
   reports to benchmarks/results/."""
   sync(session, None, "checkpoint")  # training_at_scale.py imports the demo, which saves with orbax
   session.run("python", "benchmarks/suite.py", *session.posargs)
@@ -293,6 +294,7 @@ def bench(session: nox.Session) -> None:
   session.run("python", "benchmarks/nnx_step.py", *session.posargs)
   session.run("python", "benchmarks/robustness.py", *session.posargs)
   session.run("python", "benchmarks/low_bit.py", *session.posargs)
+  session.run("python", "benchmarks/matrix_optimizers.py", *session.posargs)
   session.run("python", "benchmarks/state_memory.py", env=EIGHT_CPU_DEVICES)
   session.run("python", "benchmarks/zero1.py", env=EIGHT_CPU_DEVICES)
   session.run("python", "benchmarks/training_at_scale.py", *session.posargs)

@@ -22,6 +22,7 @@ REPORTS = (
   "grouped",
   "training_at_scale",
   "low_bit",
+  "matrix_optimizers",
 )
 GROUPED_LABELS = {
   "grouped": "grouped step",
@@ -172,10 +173,39 @@ def plot_low_bit(report: dict, out: Path) -> None:
     smooth = np.convolve(losses, np.ones(10) / 10, mode="valid")
     ax.plot(range(10, len(losses) + 1), smooth, label=name, **styles.get(name, {"lw": 1.2}))
   ax.set_yscale("log")
-  ax.set_xlabel("step")
-  ax.set_ylabel("training loss (10-step mean)")
-  ax.legend(fontsize=8)
+  _loss_axes(ax, "training loss (10-step mean)")
   ax.set_title("adam on a small MLP: low-bit state and bfloat16 parameters", fontsize=9)
+  _save(fig, out)
+
+
+def plot_matrix_optimizers(report: dict, out: Path) -> None:
+  """benchmarks/matrix_optimizers.py's loss curves: AdamW, Muon and SOAP on a small
+  transformer (20-step means), the chain's entropy rate as the floor."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  import numpy as np
+
+  fig, ax = plt.subplots(figsize=(7, 3.6), dpi=120)
+  for name, run in report["loss"]["runs"].items():
+    smooth = np.convolve(run["curve"], np.ones(20) / 20, mode="valid")
+    ax.plot(range(20, len(run["curve"]) + 1), smooth, label=name, lw=1.5)
+  ax.axhline(report["loss"]["entropy"], color="0.5", ls=":", lw=1, label="entropy rate")
+  _loss_axes(ax, "training loss (20-step mean)")
+  ax.set_title("A 2-layer transformer on a Markov chain's tokens", fontsize=9)
+  _save(fig, out)
+
+
+def _loss_axes(ax, ylabel: str) -> None:
+  ax.set_xlabel("step")
+  ax.set_ylabel(ylabel)
+  ax.legend(fontsize=8)
+
+
+def _save(fig, out: Path) -> None:
+  import matplotlib.pyplot as plt
+
   fig.tight_layout()
   out.parent.mkdir(parents=True, exist_ok=True)
   fig.savefig(out)
@@ -189,6 +219,8 @@ def _render(app) -> None:
   at_scale = json.loads((RESULTS / "training_at_scale.json").read_text())
   plot_master_weights(at_scale, generated / "master_weights.png")
   plot_low_bit(json.loads((RESULTS / "low_bit.json").read_text()), generated / "low_bit_loss.png")
+  matrix = json.loads((RESULTS / "matrix_optimizers.json").read_text())
+  plot_matrix_optimizers(matrix, generated / "matrix_optimizers_loss.png")
 
 
 def setup(app):

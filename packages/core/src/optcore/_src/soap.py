@@ -542,14 +542,16 @@ def soap(
     step = count.astype(jnp.float32)
     lr = learning_rate(count - 1) if callable(learning_rate) else learning_rate
     h = dict(b1=b1, b2=b2, eps=eps, normalize_grads=normalize_grads)
-    if correct_bias:
-      step_size = lr * jnp.sqrt(1.0 - b2**step) / (1.0 - b1**step)
+    if correct_bias:  # at the set-up call (count 0) no step is taken: count 1's value
+      adam_step = jnp.maximum(step, 1.0)
+      step_size = lr * jnp.sqrt(1.0 - b2**adam_step) / (1.0 - b1**adam_step)
     else:
       step_size = lr
+    decay = -lr * weight_decay  # in Python's float where both are numbers, as torch's alpha
     param_leaves = [None] * len(leaves) if params is None else treedef.flatten_up_to(params)
     flat = lambda tree: treedef.flatten_up_to(tree)
     out = [
-      _leaf(layout, g, p, m, v, gg.matrices, q.matrices, count, step_size, lr, h)
+      _leaf(layout, g, p, m, v, gg.matrices, q.matrices, count, step_size, decay, h)
       for layout, g, p, m, v, gg, q in zip(
         layouts, leaves, param_leaves, flat(state.exp_avg), flat(state.exp_avg_sq),
         flat(state.gg), flat(state.q), strict=True,
@@ -569,42 +571,42 @@ def soap(
     )
     return treedef.unflatten([o[0] for o in out]), new_state
 
-  def _leaf(layout, grad, param, exp_avg, exp_avg_sq, ggs, qs, count, step_size, lr, h):
+  def _leaf(layout, grad, param, exp_avg, exp_avg_sq, ggs, qs, count, step_size, decay, h):
     def one_copy(grad, param, exp_avg, exp_avg_sq, ggs, qs):
-      # Every array reaches the branches as an operand, none as a constant of their
-      # programs: eager calls with NumPy state compile the same arithmetic as jitted ones.
-      def first(operands):
-        grad, _, exp_avg, exp_avg_sq, ggs, _, _, _ = operands
-        new_ggs = _update_factors(layout, ggs, grad, factor_weight)
-        new_qs = tuple(None if gg is None else _eigenbasis(gg) for gg in new_ggs)
-        return jnp.zeros(grad.shape, grad.dtype), exp_avg, exp_avg_sq, new_ggs, new_qs
-
-      def later(operands):
-        grad, param, exp_avg, exp_avg_sq, ggs, qs, step_size, decay = operands
-        m, v, direction = _adam_direction(layout, grad, exp_avg, exp_avg_sq, qs, h)
-        update = -step_size * direction
-        if param is not None and not _is_zero(weight_decay):
-          p = param.astype(jnp.float32)
-          moved = p + update
-          update = moved + decay * moved - p
-        # The preconditioner after the step: the moment back to the parameter's basis,
-        # the factors updated with this gradient, a new basis every precondition_frequency
-        # steps, the moment into the (new) basis.
-        m_plain = _project(layout, m.astype(jnp.float32), qs, back=True)
-        new_ggs = _update_factors(layout, ggs, grad, factor_weight)
-        new_qs, v = jax.lax.cond(
-          count % precondition_frequency == 0,
-          lambda operands: _refresh(layout, *operands),
-          lambda operands: (operands[1], operands[2]),
-          (new_ggs, qs, v),
-        )
-        m = _project(layout, m_plain, new_qs).astype(m.dtype)
-        return update.astype(grad.dtype), m, v.astype(exp_avg_sq.dtype), new_ggs, new_qs
-
-      decay = -lr * weight_decay  # in Python's float where both are numbers, as torch's alpha
-      f32 = lambda x: jnp.asarray(x, jnp.float32)
-      operands = (grad, param, exp_avg, exp_avg_sq, ggs, qs, f32(step_size), f32(decay))
-      return jax.lax.cond(count == 0, first, later, operands)
+      first = count == 0  # the set-up call: the eigenbases from the first factors, no step
+      m, v, direction = _adam_direction(layout, grad, exp_avg, exp_avg_sq, qs, h)
+      update = -step_size * direction
+      if param is not None and not _is_zero(weight_decay):
+        p = param.astype(jnp.float32)
+        moved = p + update
+        update = moved + decay * moved - p
+      # The preconditioner after the step: the moment back to the parameter's basis, the
+      # factors updated with this gradient, the eigenbases set up (first call) or refreshed
+      # (every precondition_frequency steps), the moment into the (new) basis. Only the
+      # decompositions are branches; their arrays reach them as operands, never as
+      # constants (an eager call on NumPy state compiles the arithmetic a jitted one does).
+      m_plain = _project(layout, m.astype(jnp.float32), qs, back=True)
+      new_ggs = _update_factors(layout, ggs, grad, factor_weight)
+      which = jnp.where(first, 0, jnp.where(count % precondition_frequency == 0, 1, 2))
+      new_qs, new_v = jax.lax.switch(
+        which,
+        [
+          lambda ggs, qs, v: (tuple(None if g is None else _eigenbasis(g) for g in ggs), v),
+          lambda ggs, qs, v: _refresh(layout, ggs, qs, v),
+          lambda ggs, qs, v: (qs, v),
+        ],
+        new_ggs,
+        qs,
+        v,
+      )
+      m = _project(layout, m_plain, new_qs)
+      return (
+        jnp.where(first, jnp.zeros_like(update), update).astype(grad.dtype),
+        jnp.where(first, exp_avg, m.astype(exp_avg.dtype)),
+        jnp.where(first, exp_avg_sq, new_v.astype(exp_avg_sq.dtype)),
+        new_ggs,
+        new_qs,
+      )
 
     if not layout.batch_dims:
       return one_copy(grad, param, exp_avg, exp_avg_sq, ggs, qs)
