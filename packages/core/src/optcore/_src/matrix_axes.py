@@ -89,42 +89,88 @@ def muon_dimension_numbers(
     >>> muon_dimension_numbers(params, axes)
     {'b': None, 'emb': None, 'wi': MuonDimensionNumbers(reduction_axis=(1,), output_axis=(2,))}
   """
+  table = rule_table(rules)
+  # optax's muon asks again with the Adam branch's parameters masked out (MaskedNode).
+  masked = lambda x: isinstance(x, optax.MaskedNode)
+  named, treedef = named_dimensions("muon", params, param_logical_axes, is_leaf=masked)
+  out = [
+    None if entries is None else _dimension_numbers(
+      paths.path_str(keys), leaf, PartitionSpec(*entries), table
+    )
+    for keys, leaf, entries in named
+  ]  # fmt: skip
+  return treedef.unflatten(out)
+
+
+def rule_table(rules: Mapping[str, str] | None) -> dict[str, str]:
+  """`MATRIX_AXIS_RULES` with ``rules`` added (and overriding), every role checked."""
   table = {**MATRIX_AXIS_RULES, **(rules or {})}
   for name, role in table.items():
     if role not in ROLES:
       raise ValueError(f"matrix rule {name!r} -> {role!r}: a role is one of {list(ROLES)}")
-  # optax's muon asks again with the Adam branch's parameters masked out (MaskedNode).
-  masked = lambda x: isinstance(x, optax.MaskedNode)
-  keyed, treedef = jax.tree_util.tree_flatten_with_path(params, is_leaf=masked)
+  return table
+
+
+def named_dimensions(
+  optimizer: str, params: PyTree, param_logical_axes: PyTree, *, is_leaf: Any = None
+) -> tuple[list[tuple[tuple, Any, tuple | None]], Any]:
+  """``([(keys, leaf, names)], treedef)`` over ``params``' leaves: ``names`` one logical axis
+  entry per dimension (None where the axes name fewer), None for a leaf ``is_leaf`` picks.
+
+  Raises:
+    PartitionRuleError: the axes do not have the parameters' structure, or name more
+      dimensions than a parameter has (the message starts ``"<optimizer>: "``).
+  """
+  keyed, treedef = jax.tree_util.tree_flatten_with_path(params, is_leaf=is_leaf)
   try:
     given = treedef.flatten_up_to(paths.conform(params, param_logical_axes))
   except (ValueError, TypeError) as e:
     raise PartitionRuleError(
-      "muon: param_logical_axes do not have the structure of the parameters: give one "
+      f"{optimizer}: param_logical_axes do not have the structure of the parameters: give one "
       f"PartitionSpec (or None) per parameter, in the same tree; the mismatch: {e}"
     ) from None
   out = []
   for (keys, leaf), spec in zip(keyed, given, strict=True):
-    if masked(leaf):
-      out.append(None)
+    if is_leaf is not None and is_leaf(leaf):
+      out.append((keys, leaf, None))
       continue
     entries = () if spec is None else (spec,) if isinstance(spec, str) else tuple(spec)
     if len(entries) > len(leaf.shape):  # three names for a matrix: which two were meant?
       raise PartitionRuleError(
-        f"muon: the axes of the parameter at {paths.path_str(keys)!r} are "
+        f"{optimizer}: the axes of the parameter at {paths.path_str(keys)!r} are "
         f"{PartitionSpec(*entries)} with {len(entries)} entries, but the parameter has "
         f"{len(leaf.shape)} dimensions (shape {tuple(leaf.shape)}). Give one axis name per "
         "dimension."
       )
-    entries += (None,) * (len(leaf.shape) - len(entries))
-    out.append(_dimension_numbers(paths.path_str(keys), leaf, PartitionSpec(*entries), table))
-  return treedef.unflatten(out)
+    out.append((keys, leaf, entries + (None,) * (len(leaf.shape) - len(entries))))
+  return out, treedef
+
+
+def single_name(optimizer: str, path: str, entry: Any) -> str | None:
+  """The one axis name of a dimension's entry (``'embed'`` or ``('embed',)``), None for none."""
+  if isinstance(entry, tuple):
+    if len(entry) != 1:
+      raise PartitionRuleError(
+        f"{optimizer}: the parameter at {path!r} has the dimension {entry!r}, several logical "
+        "axes in one; give it one name"
+      )
+    return entry[0]
+  return entry
+
+
+def check_rules_with_axes(optimizer: str, param_logical_axes: PyTree, matrix_rules: Any) -> None:
+  """TypeError where ``matrix_rules`` come without the axes they apply to."""
+  if matrix_rules is not None and param_logical_axes is None:
+    raise TypeError(
+      f"{optimizer}: matrix_rules apply to param_logical_axes; pass those too (or create the "
+      "optimizer with create_sharded(params, param_logical_axes, ...), which passes them)"
+    )
 
 
 def _dimension_numbers(path: str, param: Any, spec: Any, table: Mapping[str, str]) -> Any:
   if len(param.shape) < 2:
     return None  # vectors and scalars: Adam
-  names = [_single(path, entry) for entry in spec]
+  names = [single_name("muon", path, entry) for entry in spec]
   for dim, name in enumerate(names):
     if name is None or name not in table:
       raise PartitionRuleError(
@@ -151,17 +197,6 @@ def _dimension_numbers(path: str, param: Any, spec: Any, table: Mapping[str, str
   return optax_contrib.MuonDimensionNumbers(reduction_axis=reduction, output_axis=output)
 
 
-def _single(path: str, entry: Any) -> str | None:
-  if isinstance(entry, tuple):
-    if len(entry) != 1:
-      raise PartitionRuleError(
-        f"muon: the parameter at {path!r} has the dimension {entry!r}, several logical axes "
-        "in one; give it one name"
-      )
-    return entry[0]
-  return entry
-
-
 def muon_dimension_numbers_fn(param_logical_axes: PyTree, rules: Mapping[str, str] | None):
   """optax's ``muon_weight_dimension_numbers`` as a function of the parameters."""
 
@@ -178,6 +213,7 @@ def _muon_with_axes(
   **kwargs: Any,
 ) -> Any:
   """optax's ``muon``, its matrix dimensions derived from ``param_logical_axes``."""
+  check_rules_with_axes("muon", param_logical_axes, matrix_rules)
   if param_logical_axes is not None:
     if kwargs.get("muon_weight_dimension_numbers") is not None:
       raise TypeError(
@@ -186,11 +222,6 @@ def _muon_with_axes(
       )
     kwargs["muon_weight_dimension_numbers"] = muon_dimension_numbers_fn(
       param_logical_axes, matrix_rules
-    )
-  elif matrix_rules is not None:
-    raise TypeError(
-      "muon: matrix_rules apply to param_logical_axes; pass those too (or create the optimizer "
-      "with create_sharded(params, param_logical_axes, ...), which passes them)"
     )
   return optax_contrib.muon(*args, **kwargs)
 

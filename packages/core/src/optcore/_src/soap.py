@@ -36,7 +36,12 @@ from jax.sharding import PartitionSpec
 
 from optcore._src import optax_rules, paths
 from optcore._src import partition_rules as pr
-from optcore._src.matrix_axes import MATRIX_AXIS_RULES, ROLES
+from optcore._src.matrix_axes import (
+  check_rules_with_axes,
+  named_dimensions,
+  rule_table,
+  single_name,
+)
 
 PyTree = Any
 
@@ -120,8 +125,7 @@ class _Layout:
 
   @property
   def permuted_shape(self) -> tuple[int, ...]:
-    s = self.slice_shape
-    return (s[0], s[3], s[1], s[2]) if self.channels_last else s
+    return _as_nchw(self.slice_shape) if self.channels_last else self.slice_shape
 
   def to_merged(self, x: jax.Array) -> jax.Array:
     if self.channels_last:
@@ -133,12 +137,9 @@ class _Layout:
     return jnp.transpose(x, (0, 2, 3, 1)) if self.channels_last else x
 
 
-def merged_shape(shape: tuple[int, ...], max_precond_dim: int) -> tuple[int, ...]:
-  """The reference's ``merge_dims``: neighbouring dimensions merged while their
-  product stays at most ``max_precond_dim``."""
-  return tuple(
-    math.prod(shape[d] for d in group) for group in _merge_groups(shape, max_precond_dim)
-  )
+def _as_nchw(shape: tuple[int, ...]) -> tuple[int, ...]:
+  """An NHWC shape read as NCHW (the reference's ``permute(0, 3, 1, 2)``)."""
+  return (shape[0], shape[3], shape[1], shape[2])
 
 
 def _merge_groups(shape: tuple[int, ...], max_precond_dim: int) -> list[tuple[int, ...]]:
@@ -191,15 +192,11 @@ def _layout(
         "by size alone. Pass merge_dims=False, or a rule making that axis 'matrix'."
       )
     channels_last = data_format == "channels_last" and len(slice_shape) == 4
-    permuted = (
-      (slice_shape[0], slice_shape[3], slice_shape[1], slice_shape[2])
-      if channels_last
-      else slice_shape
-    )
+    permuted = _as_nchw(slice_shape) if channels_last else slice_shape
     groups = _merge_groups(permuted, max_precond_dim)
     merged = tuple(math.prod(permuted[d] for d in group) for group in groups)
-    order = (0, 3, 1, 2) if channels_last else tuple(range(len(slice_shape)))
-    dims = tuple(kept[order[group[0]]] if len(group) == 1 else None for group in groups)
+    read_as = _as_nchw(kept) if channels_last else kept  # the parameter's dims, merge order
+    dims = tuple(read_as[group[0]] if len(group) == 1 else None for group in groups)
     return _Layout(
       shape, batch, slice_shape, channels_last, merged,
       tuple(size <= max_precond_dim for size in merged), dims,
@@ -240,50 +237,26 @@ def soap_roles(
     >>> soap_roles(params, {'wi': P('layers', 'embed', 'mlp'), 'emb': P('vocab', 'embed')})
     {'emb': ('adam', 'matrix'), 'wi': ('batch', 'matrix', 'matrix')}
   """
-  table = {**MATRIX_AXIS_RULES, **(rules or {})}
-  for name, role in table.items():
-    if role not in ROLES:
-      raise ValueError(f"matrix rule {name!r} -> {role!r}: a role is one of {list(ROLES)}")
-  keyed, treedef = jax.tree_util.tree_flatten_with_path(params)
-  try:
-    given = treedef.flatten_up_to(paths.conform(params, param_logical_axes))
-  except (ValueError, TypeError) as e:
-    raise pr.PartitionRuleError(
-      "soap: param_logical_axes do not have the structure of the parameters: give one "
-      f"PartitionSpec (or None) per parameter, in the same tree; the mismatch: {e}"
-    ) from None
+  table = rule_table(rules)
+  named, treedef = named_dimensions("soap", params, param_logical_axes)
   out = []
-  for (keys, leaf), spec in zip(keyed, given, strict=True):
+  for keys, leaf, entries in named:
     path, shape = paths.path_str(keys), tuple(leaf.shape)
-    entries = () if spec is None else (spec,) if isinstance(spec, str) else tuple(spec)
-    if len(entries) > len(shape):
-      raise pr.PartitionRuleError(
-        f"soap: the axes of the parameter at {path!r} are {PartitionSpec(*entries)} with "
-        f"{len(entries)} entries, but the parameter has {len(shape)} dimensions (shape "
-        f"{shape}). Give one axis name per dimension."
-      )
-    entries += (None,) * (len(shape) - len(entries))
     roles = []
     for dim, entry in enumerate(entries):
-      if isinstance(entry, tuple):
-        if len(entry) != 1:
-          raise pr.PartitionRuleError(
-            f"soap: the parameter at {path!r} has the dimension {entry!r}, several logical "
-            "axes in one; give it one name"
-          )
-        entry = entry[0]
-      if entry is None or entry not in table:
+      name = single_name("soap", path, entry)
+      if name is None or name not in table:
         if len(shape) > 2:
           raise pr.PartitionRuleError(
             f"soap: the parameter at {path!r} (shape {shape}, axes {tuple(entries)}) has "
-            f"{'no axis name' if entry is None else f'the axis {entry!r}'} at dimension {dim}, "
+            f"{'no axis name' if name is None else f'the axis {name!r}'} at dimension {dim}, "
             "which no matrix rule covers: is it a matrix dimension or a stack of copies? Name "
-            f"it in the logical axes, or pass matrix_rules={{{(entry or 'its_axis')!r}: "
+            f"it in the logical axes, or pass matrix_rules={{{(name or 'its_axis')!r}: "
             "'matrix' | 'batch' | 'adam'}."
           )
         roles.append("matrix")
       else:
-        roles.append(table[entry])
+        roles.append(table[name])
     out.append(tuple(roles))
   return treedef.unflatten(out)
 
@@ -483,11 +456,7 @@ def soap(
     )
   if not isinstance(max_precond_dim, int) or max_precond_dim < 1:
     raise ValueError(f"soap: max_precond_dim is a positive int, not {max_precond_dim!r}")
-  if matrix_rules is not None and param_logical_axes is None:
-    raise TypeError(
-      "soap: matrix_rules apply to param_logical_axes; pass those too (or create the optimizer "
-      "with create_sharded(params, param_logical_axes, ...), which passes them)"
-    )
+  check_rules_with_axes("soap", param_logical_axes, matrix_rules)
   config = dict(
     max_precond_dim=max_precond_dim,
     merge_dims=merge_dims,
@@ -550,14 +519,14 @@ def soap(
     decay = -lr * weight_decay  # in Python's float where both are numbers, as torch's alpha
     param_leaves = [None] * len(leaves) if params is None else treedef.flatten_up_to(params)
     flat = lambda tree: treedef.flatten_up_to(tree)
+    gg_old, q_old = flat(state.gg), flat(state.q)
     out = [
       _leaf(layout, g, p, m, v, gg.matrices, q.matrices, count, step_size, decay, h)
       for layout, g, p, m, v, gg, q in zip(
         layouts, leaves, param_leaves, flat(state.exp_avg), flat(state.exp_avg_sq),
-        flat(state.gg), flat(state.q), strict=True,
+        gg_old, q_old, strict=True,
       )
     ]  # fmt: skip
-    gg_old, q_old = flat(state.gg), flat(state.q)
     new_state = SoapState(
       count=count + 1,
       exp_avg=treedef.unflatten([o[1] for o in out]),
@@ -645,4 +614,4 @@ optax_rules.fields(
   gg=_factor_axes, q=_factor_axes,
 )  # fmt: skip
 
-__all__ = ["Preconditioners", "SoapState", "merged_shape", "soap", "soap_roles"]
+__all__ = ["Preconditioners", "SoapState", "soap", "soap_roles"]
