@@ -10,25 +10,18 @@ import pytest
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from optimizer_catalogue import CASES, Case, grads_and_extra
-from sharding_setup import AXES, RULES, comparable, make_params, param_shaped_leaves
+from sharding_setup import (
+  AXES,
+  REORDERED_TOLERANCE,
+  RULES,
+  comparable,
+  make_params,
+  param_shaped_leaves,
+)
 
 import optcore
 
 FACTORED = Case("adafactor", {"learning_rate": 0.05, "min_dim_size_to_factor": 8})
-# Optimizers that reduce across all leaves (L-BFGS's two-loop recursion, Momo's
-# loss-based step size): sharding reorders their float32 sums, and they amplify
-# the rounding. Measured: 1.6e-6 relative (lbfgs), 1.6e-6 absolute (momo).
-# GaLore takes an SVD of each gradient matrix and projects onto its singular
-# vectors: both contract the sharded dimension, so the sharded run sums per device
-# and then across devices, another float32 order, which the SVD amplifies. Measured
-# against the 1e-6 tolerance: 0.67x on jax 0.10.2, 0.91x on jax 0.12.0.1 (2-core
-# x86 CPU), and 7e-6 relative on another machine with jax 0.12.
-CROSS_LEAF_TOLERANCE = {
-  "lbfgs": 1e-5,
-  "contrib.momo": 1e-5,
-  "contrib.galore": 1e-5,
-  "contrib.soap": 1e-5,
-}  # eigh and QR of factors summed in another order
 
 
 def _definition(case: Case) -> optcore.OptimizerDef:
@@ -67,7 +60,7 @@ def test_sharded_steps_equal_unsharded_steps(case, mesh):
   for _ in range(3):
     sharded, plain = sharded_step(sharded), plain_step(plain)
 
-  tol = CROSS_LEAF_TOLERANCE.get(case.name, 1e-6)
+  tol = REORDERED_TOLERANCE.get(case.name, 1e-6)
   for a, b in zip(jax.tree.leaves(sharded), jax.tree.leaves(plain), strict=True):
     np.testing.assert_allclose(comparable(a), comparable(b), rtol=tol, atol=tol)
   # Every parameter-shaped state leaf is split 8 ways: each device holds 1/8.

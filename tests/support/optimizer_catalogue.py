@@ -43,10 +43,10 @@ class Case:
 
   def optax_factory(self) -> Callable[..., Any]:
     """optax's factory; for optcore's own optimizers (no optax original), the optax
-    transformation optcore wraps (``optcore.contrib.soap`` wraps ``_src.soap.soap``)."""
+    transformation factory optcore wraps (``optcore.contrib.soap`` wraps ``_src.soap.soap``)."""
     name = self.name.removeprefix("contrib.")
     if name in optcore.contrib.OWN_OPTIMIZERS:
-      return optcore.contrib.soap.__wrapped__ if name == "soap" else None
+      return getattr(optcore.contrib, name).__wrapped__
     module = optax.contrib if self.name.startswith("contrib.") else optax
     return getattr(module, name)
 
