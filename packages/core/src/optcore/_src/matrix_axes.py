@@ -27,11 +27,13 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import optax
 from jax.sharding import PartitionSpec
 from optax import contrib as optax_contrib
@@ -165,6 +167,73 @@ def check_rules_with_axes(optimizer: str, param_logical_axes: PyTree, matrix_rul
       f"{optimizer}: matrix_rules apply to param_logical_axes; pass those too (or create the "
       "optimizer with create_sharded(params, param_logical_axes, ...), which passes them)"
     )
+
+
+def dimension_roles(
+  optimizer: str, params: PyTree, param_logical_axes: PyTree, rules: Mapping[str, str] | None
+) -> PyTree:
+  """Per parameter a tuple of roles, one per dimension, from its logical axes: the roles of
+  the SOAP and Shampoo readings (`soap_roles`, `shampoo_roles`), where every dimension of
+  a vector or a matrix is a matrix dimension unless a rule says otherwise.
+
+  Raises:
+    PartitionRuleError: the axes do not fit the parameters, or a parameter of rank 3 or
+      more has a dimension no rule covers (the message starts ``"<optimizer>: "``).
+  """
+  table = rule_table(rules)
+  named, treedef = named_dimensions(optimizer, params, param_logical_axes)
+  out = []
+  for keys, leaf, entries in named:
+    path, shape = paths.path_str(keys), tuple(leaf.shape)
+    roles = []
+    for dim, entry in enumerate(entries):
+      name = single_name(optimizer, path, entry)
+      if name is None or name not in table:
+        if len(shape) > 2:
+          raise PartitionRuleError(
+            f"{optimizer}: the parameter at {path!r} (shape {shape}, axes {tuple(entries)}) "
+            f"has {'no axis name' if name is None else f'the axis {name!r}'} at dimension "
+            f"{dim}, which no matrix rule covers: is it a matrix dimension or a stack of "
+            "copies? Name it in the logical axes, or pass matrix_rules="
+            f"{{{(name or 'its_axis')!r}: 'matrix' | 'batch' | 'adam'}}."
+          )
+        roles.append("matrix")
+      else:
+        roles.append(table[name])
+    out.append(tuple(roles))
+  return treedef.unflatten(out)
+
+
+def on_copies(
+  shape: tuple[int, ...], batch_dims: tuple[int, ...], one_copy: Any, per_param: tuple,
+  per_factor: tuple, *, unrolled: bool = False,
+) -> tuple[tuple, tuple]:  # fmt: skip
+  """``one_copy(per_param, per_factor) -> (per_param_out, per_factor_out)`` on every copy of
+  a parameter of ``shape``, its ``batch_dims`` vmapped: the parameter-shaped trees in
+  ``per_param`` have them where the parameter has them, the factor trees in ``per_factor``
+  lead with them; the results come back the same way. ``unrolled``: a Python loop over
+  the copies instead of ``vmap`` (a vmapped norm sums in another order than the same norm
+  of one copy alone)."""
+  nb = len(batch_dims)
+  rest = tuple(d for d in range(len(shape)) if d not in batch_dims)
+  order = (*batch_dims, *rest)
+  inverse = tuple(order.index(d) for d in range(len(order)))
+  batch_shape = tuple(shape[d] for d in batch_dims)
+  slice_shape = tuple(shape[d] for d in rest)
+  size = math.prod(batch_shape)
+  param_in = lambda x: jnp.transpose(x, order).reshape(size, *slice_shape)
+  param_out = lambda x: jnp.transpose(x.reshape(*batch_shape, *slice_shape), inverse)
+  factor_in = lambda x: x.reshape(size, *x.shape[nb:])
+  factor_out = lambda x: x.reshape(*batch_shape, *x.shape[1:])
+  per_param, per_factor = jax.tree.map(param_in, per_param), jax.tree.map(factor_in, per_factor)
+  if unrolled:  # each copy its own program: the reductions of a lone parameter, bit for bit
+    outs = [
+      one_copy(*jax.tree.map(lambda x, c=c: x[c], (per_param, per_factor))) for c in range(size)
+    ]
+    params_out, factors_out = jax.tree.map(lambda *xs: jnp.stack(xs), *outs)
+  else:
+    params_out, factors_out = jax.vmap(one_copy)(per_param, per_factor)
+  return jax.tree.map(param_out, params_out), jax.tree.map(factor_out, factors_out)
 
 
 def _dimension_numbers(path: str, param: Any, spec: Any, table: Mapping[str, str]) -> Any:

@@ -36,12 +36,7 @@ from jax.sharding import PartitionSpec
 
 from optcore._src import optax_rules, paths
 from optcore._src import partition_rules as pr
-from optcore._src.matrix_axes import (
-  check_rules_with_axes,
-  named_dimensions,
-  rule_table,
-  single_name,
-)
+from optcore._src.matrix_axes import check_rules_with_axes, dimension_roles, on_copies
 
 PyTree = Any
 
@@ -237,28 +232,7 @@ def soap_roles(
     >>> soap_roles(params, {'wi': P('layers', 'embed', 'mlp'), 'emb': P('vocab', 'embed')})
     {'emb': ('adam', 'matrix'), 'wi': ('batch', 'matrix', 'matrix')}
   """
-  table = rule_table(rules)
-  named, treedef = named_dimensions("soap", params, param_logical_axes)
-  out = []
-  for keys, leaf, entries in named:
-    path, shape = paths.path_str(keys), tuple(leaf.shape)
-    roles = []
-    for dim, entry in enumerate(entries):
-      name = single_name("soap", path, entry)
-      if name is None or name not in table:
-        if len(shape) > 2:
-          raise pr.PartitionRuleError(
-            f"soap: the parameter at {path!r} (shape {shape}, axes {tuple(entries)}) has "
-            f"{'no axis name' if name is None else f'the axis {name!r}'} at dimension {dim}, "
-            "which no matrix rule covers: is it a matrix dimension or a stack of copies? Name "
-            f"it in the logical axes, or pass matrix_rules={{{(name or 'its_axis')!r}: "
-            "'matrix' | 'batch' | 'adam'}."
-          )
-        roles.append("matrix")
-      else:
-        roles.append(table[name])
-    out.append(tuple(roles))
-  return treedef.unflatten(out)
+  return dimension_roles("soap", params, param_logical_axes, rules)
 
 
 def _layouts(params: PyTree, roles: PyTree | None, config: dict) -> list[_Layout]:
@@ -349,36 +323,17 @@ def _adam_direction(layout, grad, exp_avg, exp_avg_sq, qs, h):
 
 
 def _on_copies(layout: _Layout, one_copy, grad, param, exp_avg, exp_avg_sq, ggs, qs):
-  """``one_copy`` on every copy of a parameter, its batch dimensions vmapped: the
-  parameter-shaped arguments have them where the parameter has them, the factors
-  lead with them; the results come back the same way."""
-  nb = len(layout.batch_dims)
-  rest = tuple(d for d in range(len(layout.shape)) if d not in layout.batch_dims)
-  order = (*layout.batch_dims, *rest)
-  inverse = tuple(order.index(d) for d in range(len(order)))
-  batch_shape = tuple(layout.shape[d] for d in layout.batch_dims)
-  size = math.prod(batch_shape)
-
-  def param_in(x):
-    return None if x is None else jnp.transpose(x, order).reshape(size, *layout.slice_shape)
-
-  def param_out(x):
-    return jnp.transpose(x.reshape(*batch_shape, *layout.slice_shape), inverse)
-
-  def factor_in(x):
-    return None if x is None else x.reshape(size, *x.shape[nb:])
-
-  def factor_out(x):
-    return None if x is None else x.reshape(*batch_shape, *x.shape[1:])
-
-  update, m, v, new_ggs, new_qs = jax.vmap(one_copy)(
-    param_in(grad), param_in(param), param_in(exp_avg), param_in(exp_avg_sq),
-    tuple(map(factor_in, ggs)), tuple(map(factor_in, qs)),
+  """``one_copy`` on every copy of a parameter (`on_copies`)."""
+  (update, m, v), (new_ggs, new_qs) = on_copies(
+    layout.shape, layout.batch_dims,
+    lambda per_param, factors: _split(one_copy(*per_param, *factors)),
+    (grad, param, exp_avg, exp_avg_sq), (ggs, qs),
   )  # fmt: skip
-  return (
-    param_out(update), param_out(m), param_out(v),
-    tuple(map(factor_out, new_ggs)), tuple(map(factor_out, new_qs)),
-  )  # fmt: skip
+  return update, m, v, new_ggs, new_qs
+
+
+def _split(out: tuple) -> tuple[tuple, tuple]:
+  return out[:3], out[3:]
 
 
 def soap(
