@@ -269,6 +269,29 @@ def reference(session: nox.Session) -> None:
   run_pytest(session, ["tests/core/test_low_bit_state.py"], env=env)
 
 
+#: The authors' JAX Shampoo, as its continuation on PyPI (make_shampoo_reference.py in
+#: tests/reference_data says why it stands for the google-research file); without its pins.
+SHAMPOO_REFERENCE = ["precondition-opt==0.3.0"]
+
+
+@nox.session(python=PYTHON)
+def shampoo_reference(session: nox.Session) -> None:
+  """The authors' JAX Shampoo writes the Shampoo reference trajectories anew, the committed
+  file must agree with them, and `tests/core/test_shampoo.py` runs against them."""
+  sync(session, None, "test")  # every member: flax, which the reference imports
+  session.run_install(
+    "uv", "pip", "install", "--python", session.virtualenv.location, "--no-deps",
+    *SHAMPOO_REFERENCE, external=True,
+  )  # fmt: skip
+  session.run_install(
+    "uv", "pip", "install", "--python", session.virtualenv.location, "chex", external=True
+  )
+  print_versions(session)
+  fresh = os.path.join(session.create_tmp(), "shampoo_reference.npz")
+  session.run("python", "tests/reference_data/make_shampoo_reference.py", fresh)
+  run_pytest(session, ["tests/core/test_shampoo.py"], env={"OPTCORE_SHAMPOO_REFERENCE": fresh})
+
+
 @nox.session(python=PYTHON)
 def spike(session: nox.Session) -> None:
   """A run through a bad batch: per-layer statistics logged each step, the bad step skipped,
@@ -284,10 +307,18 @@ def bench(session: nox.Session) -> None:
   bandwidth), the Equinox filter_jit loop, the NNX face against nnx.Optimizer, the grouped
   layout's full train steps, sharded state memory and ZeRO-1 on 8 devices, host offload,
   mixed-precision state and accumulation (training_at_scale.py), state at 16, 8 and 4 bits and
-  stochastic rounding (low_bit.py), SOAP against AdamW and Muon (matrix_optimizers.py; with
-  `-- --reference SOAP_CLONE --torch-python PY` also the authors' SOAP); writes Markdown and JSON
+  stochastic rounding (low_bit.py), SOAP and Shampoo against AdamW and Muon and the authors' JAX
+  Shampoo (matrix_optimizers.py; with `-- --reference SOAP_CLONE --torch-python PY` also the
+  authors' SOAP); writes Markdown and JSON
   reports to benchmarks/results/."""
   sync(session, None, "checkpoint")  # training_at_scale.py imports the demo, which saves with orbax
+  session.run_install(  # the authors' JAX Shampoo, timed by matrix_optimizers.py
+    "uv", "pip", "install", "--python", session.virtualenv.location, "--no-deps",
+    *SHAMPOO_REFERENCE, external=True,
+  )  # fmt: skip
+  session.run_install(
+    "uv", "pip", "install", "--python", session.virtualenv.location, "chex", external=True
+  )
   session.run("python", "benchmarks/suite.py", *session.posargs)
   session.run("python", "benchmarks/grouped.py", *session.posargs)
   session.run("python", "benchmarks/equinox_step.py", *session.posargs)

@@ -1,6 +1,6 @@
 """optax.contrib's optimizers as optcore definitions: ``optcore.contrib.<name>``.
 
-Also optcore's own optimizers with no optax original (`OWN_OPTIMIZERS`: ``soap``).
+Also optcore's own optimizers with no optax original (`OWN_OPTIMIZERS`: ``soap``, ``shampoo``).
 Optimizer wrappers (mechanize, sam, schedule_free, split_real_and_imaginary)
 take optax transformations or optcore definitions. The list is written out,
 one line each, so that IDEs and type checkers see every name, and
@@ -21,6 +21,10 @@ import optax.contrib as _contrib
 from optcore._src.matrix_axes import muon_with_axes as _muon_with_axes
 from optcore._src.optax_wrapper import wrap_optax_optimizer as _wrap
 from optcore._src.optax_wrapper import wrapped_names as _wrapped_names
+from optcore._src.shampoo import GraftingType as GraftingType
+from optcore._src.shampoo import PreconditionerType as PreconditionerType
+from optcore._src.shampoo import ShampooState as ShampooState
+from optcore._src.shampoo import shampoo as _shampoo
 from optcore._src.soap import Preconditioners as Preconditioners
 from optcore._src.soap import SoapState as SoapState
 from optcore._src.soap import soap as _soap
@@ -50,12 +54,13 @@ split_real_and_imaginary = _wrap(
   _contrib.split_real_and_imaginary, name="contrib.split_real_and_imaginary"
 )
 # optcore's own, with no optax original: the matrix-preconditioned optimizers, their
-# numbers those of their authors' code (docs/concepts/soap.md).
+# numbers those of their authors' code (docs/concepts/soap.md, shampoo.md).
 soap = _wrap(_soap, name="contrib.soap")
+shampoo = _wrap(_shampoo, name="contrib.shampoo")
 
 #: optcore's own optimizers above (no optax original); a config may also name them without
 #: ``contrib.`` (``{"name": "soap"}``).
-OWN_OPTIMIZERS: tuple[str, ...] = ("soap",)
+OWN_OPTIMIZERS: tuple[str, ...] = ("soap", "shampoo")
 
 #: The optax.contrib optimizers wrapped above: read from this module, so a line added
 #: above is a contrib optimizer everywhere (``optcore.contrib.<name>``, configs).
@@ -64,7 +69,10 @@ CONTRIB_OPTIMIZERS: tuple[str, ...] = (*_wrapped_names(globals(), _contrib), *OW
 __all__ = [
   "CONTRIB_OPTIMIZERS",
   "OWN_OPTIMIZERS",
+  "GraftingType",
+  "PreconditionerType",
   "Preconditioners",
+  "ShampooState",
   "SoapState",
   *CONTRIB_OPTIMIZERS,
 ]

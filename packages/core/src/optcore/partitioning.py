@@ -28,6 +28,7 @@ from optcore._src.partition_rules import normalize_param_axes as normalize_param
 from optcore._src.partition_rules import register_state_rule as register_state_rule
 from optcore._src.partition_rules import replicated as replicated
 from optcore._src.partition_rules import rule_for as rule_for
+from optcore._src.shampoo import shampoo_roles as shampoo_roles
 from optcore._src.sharding import LogicalAxisRules as LogicalAxisRules
 from optcore._src.sharding import check_divisible as check_divisible
 from optcore._src.sharding import logical_to_mesh as logical_to_mesh
@@ -53,5 +54,6 @@ __all__ = [
   "register_state_rule",
   "replicated",
   "rule_for",
+  "shampoo_roles",
   "soap_roles",
 ]
