@@ -140,6 +140,11 @@ CASES = [
   # a layer of the (2, 8, 16) stack) would have null spaces whose eigenbases rounding decides
   # (docs/concepts/soap.md). The stack's 2 and 8 are preconditioned.
   Case("contrib.soap", {**LR, "precondition_frequency": 2, "max_precond_dim": 8}),
+  # Blocks of 8 (every kernel is cut), preconditioned from the second step on.
+  Case(
+    "contrib.shampoo",
+    {**LR, "block_size": 8, "start_preconditioning_step": 1, "matrix_epsilon": 1e-2},
+  ),
   Case("contrib.sophia", LR, extra="obj_fn"),
   Case(
     "contrib.split_real_and_imaginary", {}, lr_name=None, make_args=lambda c: {"inner": _base(c)}
