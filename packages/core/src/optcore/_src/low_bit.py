@@ -45,6 +45,7 @@ SECOND_MOMENTS = frozenset(
     "e_g",
     "e_x",
     "exp_avg_sq",  # SOAP's, Prodigy's, D-Adaptation's, MoMo-Adam's
+    "diagonal_statistics",  # Shampoo's AdaGrad and RMSProp grafts
   }
 )
 
