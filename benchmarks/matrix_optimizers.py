@@ -1,18 +1,23 @@
-"""SOAP against AdamW (and Muon) on a small transformer-like model, and against its authors' code.
+"""SOAP and Shampoo against AdamW (and Muon) on a small transformer-like model, and against
+their authors' code.
 
 Three measurements:
 
-  bytes       state bytes per parameter of AdamW and SOAP (moments, factors and bases) on the
-              timed model, stacked layers with their logical axes
-  time        SOAP's jitted, donated step (a basis refresh every 10 steps, so every timed call
-              of 10 steps holds one) against optcore's AdamW in the same run, compile-order
-              balanced beside an A/A control (timing.py); with --reference DIR and
-              --torch-python PY, the authors' PyTorch SOAP against torch's AdamW on the same
-              shapes, timed the same way in a subprocess (benchmarks/soap_reference_timing.py)
+  bytes       state bytes per parameter of AdamW, SOAP (moments, factors and bases) and
+              Shampoo (momenta, statistics and roots) on the timed model, stacked layers with
+              their logical axes
+  time        SOAP's and Shampoo's jitted, donated steps (a basis refresh, and new inverse
+              roots, every 10 steps, so every timed call of 10 steps holds one) against
+              optcore's AdamW in the same run, compile-order balanced beside an A/A control
+              (timing.py); the authors' JAX Shampoo (precondition-opt, where it is installed)
+              against optax's AdamW on the same shapes in the same process, timed the same
+              way; with --reference DIR and --torch-python PY, the authors' PyTorch SOAP
+              against torch's AdamW on the same shapes, timed the same way in a subprocess
+              (benchmarks/soap_reference_timing.py)
   loss        a 2-layer causal transformer (stacked layers, logical axes) on synthetic token
-              sequences from a fixed random Markov chain, N steps each of AdamW, Muon and SOAP
-              at their usual settings; the held-out loss after them, the step at which each
-              first reaches AdamW's final training loss, and the curves (plotted by the
+              sequences from a fixed random Markov chain, N steps each of AdamW, Muon, SOAP and
+              Shampoo at their usual settings; the held-out loss after them, the step at which
+              each first reaches AdamW's final training loss, and the curves (plotted by the
               documentation from matrix_optimizers.json)
 
   python benchmarks/matrix_optimizers.py [--quick] [--reference DIR --torch-python PY]
@@ -32,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.sharding import PartitionSpec as P
-from timing import balanced_ratio, device_name, donated_runner
+from timing import balanced_ratio, device_name, donated_runner, raw_step
 
 import optcore
 
@@ -133,6 +138,14 @@ def sample(chain: jax.Array, key, batch: int, length: int) -> jax.Array:
   return jnp.concatenate([first[None], rest], 0).T
 
 
+# Shampoo as its authors' file is used for transformers: blocks of 128, an RMSProp graft at
+# AdamW's rate and b2 with moving-average (Adam-like) momentum, new roots every 10 steps (the
+# reference's weight decay multiplies by the learning rate twice when decoupled: none here).
+SHAMPOO = dict(
+  learning_rate=3e-3, block_size=128, beta2=0.95, graft_type=3,
+  moving_average_for_momentum=True, preconditioning_compute_steps=10,
+)  # fmt: skip
+
 OPTIMIZERS = {
   # Usual settings: AdamW as small language models train it, Muon as optax ships it (Adam
   # for the embedding, head and norms at AdamW's rate), SOAP with its authors' defaults.
@@ -141,6 +154,7 @@ OPTIMIZERS = {
     0.02, adam_learning_rate=3e-3, adam_b2=0.95, param_logical_axes=axes
   ),
   "soap": lambda axes: optcore.contrib.soap(3e-3, param_logical_axes=axes),
+  "shampoo": lambda axes: optcore.contrib.shampoo(**SHAMPOO, param_logical_axes=axes),
 }
 
 
@@ -207,7 +221,7 @@ def step_time(size: dict, rounds: int, steps: int) -> dict:
     return donated_runner(OPTIMIZERS[name](axes), params, steps)
 
   out, base_times = {}, []
-  for name in ("soap", "control"):
+  for name in ("soap", "shampoo", "control"):
     result = balanced_ratio(build, "adamw", name, rounds, steps)
     out[name] = result["ratio"]
     base_times += result["base_times"]
@@ -215,52 +229,123 @@ def step_time(size: dict, rounds: int, steps: int) -> dict:
   return out
 
 
-def reference_time(size: dict, python: str, source: str, rounds: int, steps: int) -> dict:
-  """The authors' SOAP against torch's AdamW, in a subprocess with torch."""
+def per_layer_shapes(size: dict) -> list[list[int]]:
+  """The model's shapes with each layer of a stack a parameter of its own, as the
+  references hold them (a PyTorch model; the JAX Shampoo without logical axes)."""
   shapes, _ = model_shapes(**size["model"])
-  flat = []  # each layer of a stack a parameter of its own, as a PyTorch model holds them
+  flat = []
   for shape in jax.tree.leaves(shapes, is_leaf=lambda x: isinstance(x, tuple)):
     if len(shape) == 3 or (len(shape) == 2 and shape[0] == size["model"]["layers"]):
       flat += [list(shape[1:])] * shape[0]
     else:
       flat.append(list(shape))
+  return flat
+
+
+def shampoo_reference_time(size: dict, rounds: int, steps: int) -> dict | None:
+  """The authors' JAX Shampoo (precondition-opt) against optax's AdamW, both raw optax on the
+  model's per-layer shapes, with an A/A control; None where it is not installed."""
+  for name in ("tree_map", "tree_flatten", "tree_unflatten"):  # gone from JAX since 0.6
+    if not hasattr(jax, name):
+      setattr(jax, name, getattr(jax.tree_util, name))
+  try:
+    from precondition import distributed_shampoo as ds
+  except ImportError:
+    return None
+  params = {
+    f"p{i:02d}": 0.02 * jax.random.normal(jax.random.key(i), tuple(shape))
+    for i, shape in enumerate(per_layer_shapes(size))
+  }
+  adamw = lambda: optax.adamw(3e-3, b1=0.9, b2=0.95, weight_decay=0.01)
+  makers = {"adamw": adamw, "control": adamw, "shampoo": lambda: ds.distributed_shampoo(**SHAMPOO)}
+
+  def build(key):
+    tx = makers[key]()
+    holder = [jax.tree.map(jnp.copy, params)]
+    holder.append(tx.init(holder[0]))
+    grads = jax.tree.map(lambda p: 1e-3 * jnp.ones_like(p), params)
+    step = raw_step(tx)
+
+    def run():
+      p, state = holder
+      for _ in range(steps):
+        p, state = step(p, state, grads)
+      jax.block_until_ready(p)
+      holder[:] = [p, state]
+
+    return run
+
+  out, base_times = {}, []
+  for name in ("shampoo", "control"):
+    result = balanced_ratio(build, "adamw", name, rounds, steps)
+    out[name] = result["ratio"]
+    base_times += result["base_times"]
+  out["adamw_ms"] = 1e3 * float(np.median(base_times))
+  from importlib import metadata
+
+  out["version"] = metadata.version("precondition-opt")
+  return out
+
+
+def reference_time(size: dict, python: str, source: str, rounds: int, steps: int) -> dict:
+  """The authors' SOAP against torch's AdamW, in a subprocess with torch."""
+  flat = per_layer_shapes(size)
   args = [python, str(HERE / "soap_reference_timing.py"), source, json.dumps(flat)]
   args += [str(rounds), str(steps)]
   return json.loads(subprocess.run(args, check=True, capture_output=True, text=True).stdout)
+
+
+def band(ratio: list[float], digits: int = 2) -> str:
+  """A ratio's median and quartiles: ``x1.23 [1.20-1.30]``."""
+  median, low, high = ratio
+  return f"x{median:.{digits}f} [{low:.{digits}f}-{high:.{digits}f}]"
 
 
 def report(result: dict, machine: str) -> str:
   bpp, times, loss = result["bytes_per_parameter"], result["step_time"], result["loss"]
   control = times["control"]
   lines = [
-    f"SOAP against AdamW and Muon ({machine}).",
+    f"SOAP and Shampoo against AdamW and Muon ({machine}).",
     "",
     f"A {result['params'] / 1e3:.0f}k-parameter model of {result['size']['model']['layers']} "
     f"stacked layers (embed {result['size']['model']['embed']}, mlp "
     f"{result['size']['model']['mlp']}, vocab {result['size']['model']['vocab']}): state "
     "bytes per parameter, and a jitted donated step's time over AdamW's (median [quartiles] "
-    f"of {result['timed_steps']}-step calls; a basis refresh every 10 steps; A/A control "
-    f"x{control[0]:.3f} "
-    f"[{control[1]:.3f}-{control[2]:.3f}]):",
+    f"of {result['timed_steps']}-step calls; a basis refresh and new roots every 10 steps; "
+    f"A/A control {band(control, 3)}):",
     "",
     "| optimizer | state bytes / parameter | step time over AdamW |",
     "|---|---|---|",
     f"| AdamW | {bpp['adamw']:.2f} | x1 (the baseline) |",
     f"| Muon | {bpp['muon']:.2f} | not timed |",
-    f"| SOAP | {bpp['soap']:.2f} | x{times['soap'][0]:.2f} "
-    f"[{times['soap'][1]:.2f}-{times['soap'][2]:.2f}] |",
+    f"| SOAP | {bpp['soap']:.2f} | {band(times['soap'])} |",
+    f"| Shampoo | {bpp['shampoo']:.2f} | {band(times['shampoo'])} |",
     "",
     f"optcore's AdamW step: {times['adamw_ms']:.2f} ms; so SOAP's: about "
-    f"{times['adamw_ms'] * times['soap'][0]:.1f} ms.",
+    f"{times['adamw_ms'] * times['soap'][0]:.1f} ms, and Shampoo's about "
+    f"{times['adamw_ms'] * times['shampoo'][0]:.1f} ms.",
   ]
+  sref = result.get("shampoo_reference_time")
+  if sref:
+    r, c = sref["shampoo"], sref["control"]
+    lines += [
+      "",
+      f"The authors' JAX Shampoo (precondition-opt {sref['version']}) over optax's AdamW on the "
+      f"same shapes, each layer a parameter of its own: {band(r)} (A/A control "
+      f"{band(c, 3)}); optax's AdamW step: "
+      f"{sref['adamw_ms']:.2f} ms, so the authors' Shampoo's: about "
+      f"{sref['adamw_ms'] * r[0]:.1f} ms.",
+    ]
+  else:
+    lines += ["", "The authors' JAX Shampoo was not timed in this run (precondition-opt)."]
   ref = result.get("reference_time")
   if ref:
     r, c = ref["soap"], ref["control"]
     lines += [
       "",
       f"The authors' PyTorch SOAP over torch's AdamW on the same shapes (torch {ref['torch']}, "
-      f"CPU threads {ref['threads']}): x{r[0]:.2f} [{r[1]:.2f}-{r[2]:.2f}] (A/A control "
-      f"x{c[0]:.3f} [{c[1]:.3f}-{c[2]:.3f}]); torch's AdamW step: {ref['adamw_ms']:.2f} ms, so "
+      f"CPU threads {ref['threads']}): {band(r)} (A/A control {band(c, 3)}); torch's AdamW "
+      f"step: {ref['adamw_ms']:.2f} ms, so "
       f"the authors' SOAP's: about {ref['adamw_ms'] * r[0]:.1f} ms. Ratios over each "
       "framework's own AdamW: XLA fuses AdamW into one program, so its baseline is the "
       "smaller one; the milliseconds compare the two SOAPs.",
@@ -331,6 +416,7 @@ def main() -> None:
     "step_time": step_time(size, args.rounds, args.steps),
     "timed_steps": args.steps,
     "loss": train(args.train_steps, size),
+    "shampoo_reference_time": shampoo_reference_time(size, args.rounds, args.steps),
   }
   if args.reference:
     result["reference_time"] = reference_time(

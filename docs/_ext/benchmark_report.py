@@ -179,7 +179,7 @@ def plot_low_bit(report: dict, out: Path) -> None:
 
 
 def plot_matrix_optimizers(report: dict, out: Path) -> None:
-  """benchmarks/matrix_optimizers.py's loss curves: AdamW, Muon and SOAP on a small
+  """benchmarks/matrix_optimizers.py's loss curves: AdamW, Muon, SOAP and Shampoo on a small
   transformer (20-step means), the chain's entropy rate as the floor."""
   import matplotlib
 

@@ -11,13 +11,14 @@ matrix_optimizers = pytest.importorskip(
 )
 
 
-def test_bytes_time_and_loss_are_measured_for_adamw_muon_and_soap():
+def test_bytes_time_and_loss_are_measured_for_adamw_muon_soap_and_shampoo():
   size = matrix_optimizers.SIZES["quick"]
   bpp = matrix_optimizers.state_bytes_per_parameter(size)
   assert bpp["adamw"] == pytest.approx(8.0, abs=0.01)  # mu, nu and a count
   assert bpp["soap"] > bpp["adamw"]  # plus a factor and a basis per preconditioned dimension
+  assert bpp["shampoo"] > bpp["adamw"]  # plus a statistic and a root per block and dimension
   times = matrix_optimizers.step_time(size, rounds=2, steps=2)
-  for name in ("soap", "control"):
+  for name in ("soap", "shampoo", "control"):
     ratio, low, high = times[name]
     assert math.isfinite(ratio) and low <= ratio <= high
   assert times["adamw_ms"] > 0
@@ -30,4 +31,4 @@ def test_bytes_time_and_loss_are_measured_for_adamw_muon_and_soap():
   result = {"size": size, "params": 1000, "bytes_per_parameter": bpp, "step_time": times,
             "timed_steps": 2, "loss": loss}  # fmt: skip
   text = matrix_optimizers.report(result, "test machine")
-  assert "| SOAP |" in text and "not timed in this run" in text
+  assert "| SOAP |" in text and "| Shampoo |" in text and "not timed in this run" in text
