@@ -13,6 +13,8 @@ reference run on each layer as a parameter of its own.
 
 from __future__ import annotations
 
+import inspect
+import json
 import os
 import sys
 from pathlib import Path
@@ -185,3 +187,50 @@ def test_weight_decay_needs_the_parameters():
   state = tx.init({"w": jnp.ones(2)})
   with pytest.raises(ValueError, match="pass them to update"):
     tx.update({"w": jnp.ones(2)}, state)
+
+
+# The reference's signature, in its order (google-research scalable_shampoo/optax).
+REFERENCE_ARGUMENTS = (
+  "learning_rate block_size beta1 beta2 diagonal_epsilon matrix_epsilon weight_decay "
+  "start_preconditioning_step preconditioning_compute_steps statistics_compute_steps "
+  "best_effort_shape_interpretation graft_type nesterov exponent_override batch_axis_name "
+  "statistics_partition_spec preconditioner_partition_spec num_devices_for_pjit "
+  "shard_optimizer_states best_effort_memory_usage_reduction inverse_failure_threshold "
+  "moving_average_for_momentum skip_preconditioning_dim_size_gt clip_by_scaled_gradient_norm "
+  "precision tensordot_precision relative_matrix_epsilon merge_small_dims_block_size "
+  "lobpcg_topk_precondition lobpcg_max_iter precondtioner_type skip_preconditioning_rank_lt "
+  "decoupled_learning_rate decoupled_weight_decay generate_training_metrics"
+).split()
+
+
+def test_the_reference_arguments_in_its_order_and_its_distribution_options_at_defaults():
+  from optcore._src.shampoo import shampoo as factory
+
+  names = [n for n in inspect.signature(factory).parameters][: len(REFERENCE_ARGUMENTS)]
+  assert names == REFERENCE_ARGUMENTS
+  tx = optcore.contrib.shampoo(
+    0.1, 8, batch_axis_name=None, shard_optimizer_states=False, lobpcg_topk_precondition=0,
+    generate_training_metrics=False,
+  ).as_optax()  # fmt: skip
+  tx.init({"w": jnp.ones((2, 3))})
+  with pytest.raises(ValueError, match=r"batch_axis_name='batch'.*create_sharded"):
+    optcore.contrib.shampoo(0.1, 8, batch_axis_name="batch")
+  with pytest.raises(ValueError, match=r"best_effort_memory_usage_reduction=True.*low_bit_state"):
+    optcore.contrib.shampoo(0.1, 8, best_effort_memory_usage_reduction=True)
+
+
+def test_a_config_names_the_graft_and_the_preconditioner_type():
+  from optcore import config
+
+  opt_def = optcore.contrib.shampoo(0.1, 8, graft_type=GraftingType.RMSPROP, precondtioner_type=2)
+  data = json.loads(json.dumps(config.to_config(opt_def)))
+  assert data["graft_type"] == 3
+  params = {"w": jnp.ones((3, 4))}
+  by_name = {"name": "shampoo", "learning_rate": 0.1, "block_size": 8, "graft_type": "rmsprop"}
+  by_name["precondtioner_type"] = "input"
+  for made in (config.from_config(data), config.from_config(by_name)):
+    opt = made.create(params).apply_gradient({"w": jnp.ones((3, 4))})
+    jax.tree.map(np.testing.assert_array_equal, opt.state, opt_def.create(params).apply_gradient(
+      {"w": jnp.ones((3, 4))}).state)  # fmt: skip
+  with pytest.raises(config.ConfigError, match="graft_type is one of"):
+    config.from_config({**by_name, "graft_type": "adam"})

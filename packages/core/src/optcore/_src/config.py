@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections.abc
+import enum
 import functools
 import inspect
 import math
@@ -271,7 +272,9 @@ def _check_types(name: str, factory: Any, args: Mapping[str, Any], path: str) ->
       continue
     where = _join(path, key)
     # A number by its default, its name, or its annotation (float, int, optax's Numeric).
-    numeric = _is_number(p.default) or key.endswith("learning_rate") or _takes_numbers(p)
+    # An enum's member (Shampoo's graft_type) is an int by type, not a number to a config.
+    by_default = _is_number(p.default) and not isinstance(p.default, enum.Enum)
+    numeric = by_default or key.endswith("learning_rate") or _takes_numbers(p)
     if numeric:
       if isinstance(value, Mapping) and "schedule" in value:
         continue

@@ -456,6 +456,12 @@ def shampoo(
   graft_type: GraftingType | int | str = GraftingType.SGD,
   nesterov: bool = True,
   exponent_override: int = 0,
+  batch_axis_name: Any = None,
+  statistics_partition_spec: Any = None,
+  preconditioner_partition_spec: Any = None,
+  num_devices_for_pjit: Any = None,
+  shard_optimizer_states: bool = False,
+  best_effort_memory_usage_reduction: bool = False,
   inverse_failure_threshold: float = 0.1,
   moving_average_for_momentum: bool = False,
   skip_preconditioning_dim_size_gt: int = 4096,
@@ -464,22 +470,27 @@ def shampoo(
   tensordot_precision: Any = None,
   relative_matrix_epsilon: bool = True,
   merge_small_dims_block_size: int = 4096,
+  lobpcg_topk_precondition: int = 0,
+  lobpcg_max_iter: int = 0,
   precondtioner_type: PreconditionerType | int | str = PreconditionerType.ALL,
   skip_preconditioning_rank_lt: int = 1,
   decoupled_learning_rate: bool = True,
   decoupled_weight_decay: bool = False,
+  generate_training_metrics: bool = True,
   *,
   param_logical_axes: PyTree = None,
   matrix_rules: Mapping[str, str] | None = None,
 ) -> optax.GradientTransformation:
   """Shampoo, with the numbers of its authors' JAX ``distributed_shampoo``.
 
-  The reference's arguments under its names and with its defaults (``precondtioner_type``
-  spelled as it spells it); its pmap/pjit options (``batch_axis_name``,
-  ``shard_optimizer_states``, the partition specs), its int8/int16 state, LOBPCG and its
-  training metrics are left out: optcore shards and places the state from the
-  parameters' logical axes, and ``low_bit_state`` stores moments in fewer bits. The
-  update needs the parameters (``params=``) for weight decay.
+  The reference's arguments in its order, under its names and with its defaults
+  (``precondtioner_type`` spelled as it spells it). Its pmap/pjit options
+  (``batch_axis_name``, the partition specs, ``num_devices_for_pjit``,
+  ``shard_optimizer_states``), its int8/int16 state (``best_effort_memory_usage_reduction``)
+  and LOBPCG (``lobpcg_*``) are accepted at their defaults only: optcore shards and places
+  the state from the parameters' logical axes, and ``low_bit_state`` stores state in fewer
+  bits. Its training metrics are not kept (``generate_training_metrics`` changes nothing).
+  The update needs the parameters (``params=``) for weight decay.
 
   Args:
     learning_rate: the step size, or a schedule of ``count``.
@@ -503,6 +514,12 @@ def shampoo(
     nesterov: Nesterov momentum.
     exponent_override: the root's ``p`` for every statistic (0: twice the number of
       preconditioned dimensions).
+    batch_axis_name: the reference's pmap axis; None only.
+    statistics_partition_spec: the reference's pjit layout; None only.
+    preconditioner_partition_spec: the reference's pjit layout; None only.
+    num_devices_for_pjit: the reference's pjit layout; None only.
+    shard_optimizer_states: the reference's pjit layout; False only.
+    best_effort_memory_usage_reduction: the reference's int8/int16 state; False only.
     inverse_failure_threshold: a root whose error reaches this keeps the previous one.
     moving_average_for_momentum: weight the new update by ``1 - beta1``.
     skip_preconditioning_dim_size_gt: a parameter with a dimension above this gets the
@@ -513,12 +530,15 @@ def shampoo(
     relative_matrix_epsilon: scale ``matrix_epsilon`` by the largest eigenvalue.
     merge_small_dims_block_size: the largest product ``best_effort_shape_interpretation``
       merges.
+    lobpcg_topk_precondition: the reference's LOBPCG deflation; 0 only.
+    lobpcg_max_iter: the reference's LOBPCG iterations; 0 only.
     precondtioner_type: `PreconditionerType`: ``all`` dimensions, or all but the last
       (``input``).
     skip_preconditioning_rank_lt: parameters of a lower rank get the graft alone.
     decoupled_learning_rate: apply the learning rate after the momentum (else to both
       updates before it).
     decoupled_weight_decay: see ``weight_decay``.
+    generate_training_metrics: accepted, changes nothing (no metrics are kept).
     param_logical_axes: per parameter a `PartitionSpec` of logical axis names:
       ``"batch"`` dimensions get statistics of their own per copy, a parameter with an
       ``"adam"`` one gets the graft alone (see `shampoo_roles`). ``create_sharded``
@@ -530,7 +550,8 @@ def shampoo(
     optax transformation); its optax state is a `ShampooState`.
 
   Raises:
-    ValueError: an argument out of its range.
+    ValueError: an argument out of its range, or one of the reference's pmap/pjit,
+      quantization or LOBPCG options away from its default.
     PartitionRuleError: (at ``init``) the axes do not fit the parameters.
 
   Example:
@@ -545,6 +566,23 @@ def shampoo(
   """
   graft = _graft_type(graft_type)
   kind = _preconditioner_type(precondtioner_type)
+  instead = "shard and place the state from logical axes (create_sharded, state_axis=)"
+  for name, value, default, use in (
+    ("batch_axis_name", batch_axis_name, None, instead),
+    ("statistics_partition_spec", statistics_partition_spec, None, instead),
+    ("preconditioner_partition_spec", preconditioner_partition_spec, None, instead),
+    ("num_devices_for_pjit", num_devices_for_pjit, None, instead),
+    ("shard_optimizer_states", shard_optimizer_states, False, instead),
+    ("best_effort_memory_usage_reduction", best_effort_memory_usage_reduction, False,
+     "store the momenta in fewer bits with optcore.low_bit_state"),
+    ("lobpcg_topk_precondition", lobpcg_topk_precondition, 0, "leave it at 0"),
+    ("lobpcg_max_iter", lobpcg_max_iter, 0, "leave it at 0"),
+  ):  # fmt: skip
+    if value is not default and value != default:
+      raise ValueError(
+        f"shampoo: {name}={value!r} is the reference's and not optcore's (only {default!r}); {use}"
+      )
+  del generate_training_metrics  # the reference's metrics are not kept
   for name, value, low in (
     ("block_size", block_size, None),
     ("preconditioning_compute_steps", preconditioning_compute_steps, 1),
