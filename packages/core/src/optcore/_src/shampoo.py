@@ -702,7 +702,8 @@ def shampoo(
       if not layout.batch_dims:
         return one_copy(grad, stats)
       return on_copies(
-        layout.shape, layout.batch_dims, lambda g, f: ((), one_copy(g[0], f)), (grad,), stats
+        layout.shape, layout.batch_dims, lambda g, f: ((), one_copy(g[0], f)), (grad,), stats,
+        unrolled=True,
       )[1]
 
     if statistics_compute_steps > 1:
