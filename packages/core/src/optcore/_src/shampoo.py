@@ -36,7 +36,7 @@ import numpy as np
 import optax
 from jax.sharding import PartitionSpec
 
-from optcore._src import optax_rules, paths
+from optcore._src import optax_rules
 from optcore._src import partition_rules as pr
 from optcore._src.matrix_axes import check_rules_with_axes, dimension_roles, on_copies
 from optcore._src.soap import Preconditioners
@@ -144,7 +144,6 @@ class _Layout:
 
 
 def _layout(
-  path: str,
   shape: tuple[int, ...],
   roles: tuple[str, ...] | None,
   *,
@@ -156,7 +155,6 @@ def _layout(
   precondtioner_type: int,
   exponent_override: int,
 ) -> _Layout:
-  del path
   roles = roles if roles is not None else ("matrix",) * len(shape)
   batch = tuple(d for d, r in enumerate(roles) if r == "batch")
   kept = tuple(d for d, r in enumerate(roles) if r != "batch")
@@ -620,11 +618,10 @@ def shampoo(
     roles = None
     if param_logical_axes is not None:
       roles = shampoo_roles(params, param_logical_axes, matrix_rules)
-    keyed, treedef = jax.tree_util.tree_flatten_with_path(params)
-    role_leaves = [None] * len(keyed) if roles is None else treedef.flatten_up_to(roles)
+    leaves, treedef = jax.tree.flatten(params)
+    role_leaves = [None] * len(leaves) if roles is None else treedef.flatten_up_to(roles)
     return [
-      _layout(paths.path_str(keys), tuple(leaf.shape), r, **config)
-      for (keys, leaf), r in zip(keyed, role_leaves, strict=True)
+      _layout(tuple(leaf.shape), r, **config) for leaf, r in zip(leaves, role_leaves, strict=True)
     ]
 
   def init_fn(params: PyTree) -> ShampooState:
@@ -702,7 +699,11 @@ def shampoo(
       if not layout.batch_dims:
         return one_copy(grad, stats)
       return on_copies(
-        layout.shape, layout.batch_dims, lambda g, f: ((), one_copy(g[0], f)), (grad,), stats,
+        layout.shape,
+        layout.batch_dims,
+        lambda g, f: ((), one_copy(g[0], f)),
+        (grad,),
+        stats,
         unrolled=True,
       )[1]
 
