@@ -337,12 +337,11 @@ def _all_roots(statistics: list, exponents: list[int], previous: list, root: dic
   sizes = jnp.asarray([s.shape[0] for s in statistics], jnp.int32)
   settings = {k: v for k, v in root.items() if k != "threshold"}
   roots, errors = jax.vmap(lambda x, p, k: _inverse_pth_root(x, p, k, **settings))(stack, ps, sizes)
-  out = []
-  for i, (s, old) in enumerate(zip(statistics, previous, strict=True)):
-    failed = jnp.logical_or(jnp.isnan(errors[i]), errors[i] >= root["threshold"])
-    k = s.shape[0]
-    out.append(jax.lax.cond(failed, lambda o, c: o, lambda o, c: c, old, roots[i][:k, :k]))
-  return out
+  # One select over the stack where the reference has a cond per root (the same values): a
+  # hundred conds made a program XLA's compiler once crashed on under ZeRO-1.
+  failed = jnp.logical_or(jnp.isnan(errors), errors >= root["threshold"])
+  kept = jnp.where(failed[:, None, None], jnp.stack([_pad(p, n) for p in previous]), roots)
+  return [kept[i, : s.shape[0], : s.shape[0]] for i, s in enumerate(statistics)]
 
 
 # One copy: the parameter's slice (batch dimensions removed) reshaped and cut into blocks.
