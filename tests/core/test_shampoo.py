@@ -62,13 +62,27 @@ def test_the_committed_data_is_what_the_reference_writes_now(ref):
   with np.load(DATA / "shampoo_reference.npz") as committed:
     assert set(committed.files) == set(ref)
     for key in committed.files:
-      if not key.startswith("meta/"):  # another jax may round the last bits otherwise
-        assert_close(committed[key], ref[key], key)
+      # another jax or CPU may round the last bits otherwise; a spread is a measurement of
+      # the CPU that wrote it, not a number to reproduce
+      if not key.startswith(("meta/", "spread/")):
+        assert_matches(committed, key, ref[key])
 
 
-def assert_close(got, want, what):
-  # float32 rounding: the moves are ~1e-2 per step; the differences ~1e-7.
-  np.testing.assert_allclose(np.asarray(got), want, rtol=2e-5, atol=2e-6, err_msg=what)
+# Two programs on one instruction set: optcore equals the reference bit for bit without FMA
+# (SSE4_2, AVX) and within 4.8e-7 with it (XLA contracts other multiply-adds in each program;
+# AVX2, AVX-512), on parameters of order 1 to 6: this floor is four times that.
+SAME_ISA_ATOL, SAME_ISA_RTOL = 2e-6, 2e-5
+# Across instruction sets the reference itself moves by `spread/KEY` (measured by the script
+# under SSE4_2, AVX and AVX2; up to 6.5e-4 on `defaults`, where the inverse roots amplify the
+# last bit). Twice it covers a CPU not measured there: on a reporter's AMD EPYC (AVX2, FMA) the
+# `rmsprop` case was 2.1e-6 from this data, where its spread is 7.6e-6.
+SPREAD_FACTOR = 2.0
+
+
+def assert_matches(ref, key, got):
+  """``got`` is the reference's ``ref[key]`` within the measured tolerance above."""
+  atol = SAME_ISA_ATOL + SPREAD_FACTOR * float(ref[f"spread/{key}"])
+  np.testing.assert_allclose(np.asarray(got), ref[key], rtol=SAME_ISA_RTOL, atol=atol, err_msg=key)
 
 
 @pytest.mark.parametrize("case", ALL_CASES)
@@ -81,7 +95,7 @@ def test_create_and_apply_gradient_follow_the_authors_code(ref, case):
   for i, grad in enumerate(grads, start=1):
     opt = step(opt, {k: jnp.asarray(v) for k, v in grad.items()})
     for k in params:
-      assert_close(opt.target[k], ref[f"{case}/step{i}/{k}"], f"{case} step {i} {k}")
+      assert_matches(ref, f"{case}/step{i}/{k}", opt.target[k])
 
 
 @pytest.mark.parametrize("case", ["defaults", "settings", "adagrad"])
@@ -99,7 +113,7 @@ def test_as_optax_follows_the_authors_code(ref, case):
   for grad in grads:
     p, state = step(p, state, {k: jnp.asarray(v) for k, v in grad.items()})
   for k in params:
-    assert_close(p[k], ref[f"{case}/step{STEPS}/{k}"], f"{case} {k}")
+    assert_matches(ref, f"{case}/step{STEPS}/{k}", p[k])
 
 
 def test_stacked_layers_and_a_vocab_axis_from_logical_axes(ref):
@@ -119,8 +133,8 @@ def test_stacked_layers_and_a_vocab_axis_from_logical_axes(ref):
   for i, grad in enumerate(grads, start=1):
     opt = opt.apply_gradient({"stack": stack(grad), "emb": jnp.asarray(grad["emb"])})
     for layer in (0, 1):
-      assert_close(opt.target["stack"][layer], ref[f"axes/step{i}/layer{layer}"], f"layer{layer}")
-    assert_close(opt.target["emb"], ref[f"axes/step{i}/emb"], f"emb step {i}")
+      assert_matches(ref, f"axes/step{i}/layer{layer}", opt.target["stack"][layer])
+    assert_matches(ref, f"axes/step{i}/emb", opt.target["emb"])
 
 
 def test_the_statistics_and_roots_are_the_published_ones():
