@@ -10,6 +10,7 @@
   nox -s demo          one config, five frameworks (examples/swap_frameworks.py)
   nox -s spike         a run through a bad batch: statistics, a skipped step (spike_statistics.py)
   nox -s bench         the benchmarks (reports under benchmarks/results/)
+  nox -s optax_suite   optax's own tests with every factory rebound to optcore's as_optax()
   nox -s release       build the four sdists and wheels, twine check them, install each
                        extra from them into a clean venv as a user would
   nox -s tests-cuda    the suite on JAX's CUDA build (needs an NVIDIA GPU)
@@ -127,12 +128,65 @@ def print_versions(session: nox.Session) -> None:
   )
 
 
+def fetch_test_data(session: nox.Session, folders: list[str]) -> None:
+  """What a test needs from a registry is fetched here, never inside pytest: Flax's own NNX
+  optimizer suite (tests/support/flax_nnx_suite.py; offline its test skips, saying so)."""
+  if "tests/flax" in folders:
+    session.run("python", "tests/support/flax_nnx_suite.py")
+
+
+#: pytest-xdist: one worker per core, a test file per worker at a time (module fixtures are
+#: built once). XLA compiles on one thread, so two workers on two cores halve the suite's time
+#: (the core variant: 8.0 -> 3.8 minutes here). ``nox -s tests -- -n 0`` runs in one process.
+WORKERS = ("-n", "auto", "--dist", "loadfile")
+#: What every pytest run here installs beside the package, where not from uv.lock's test group.
+TEST_TOOLS = ["pytest>=8.3", "hypothesis>=6.100", "pytest-xdist>=3.6"]
+
+#: The comparisons between two programs whose rounding depends on the CPU's instruction set (a
+#: committed reference, per-leaf optax against a grouped buffer, one device against a mesh): run
+#: a second time under XLA's SSE4_2 code (no AVX, no FMA), the rounding another CPU gives, so a
+#: tolerance that holds on this CPU alone fails here rather than on a user's machine.
+FLOAT_SENSITIVE = {
+  "core": [
+    "tests/core/test_shampoo.py",
+    "tests/core/test_soap.py",
+    "tests/core/test_grouped.py",
+    "tests/core/test_low_bit_state.py",
+    "tests/core/test_wrapper_orders.py",
+  ],
+  "flax": [
+    "tests/flax/test_shampoo_flax.py",
+    "tests/flax/test_soap_flax.py",
+    "tests/flax/test_grouped_flax.py",
+  ],
+  "all": [
+    "tests/distributed/test_shampoo_mesh.py",
+    "tests/distributed/test_soap_mesh.py",
+    "tests/distributed/test_grouped_sharding.py",
+    "tests/distributed/test_low_bit_mesh.py",
+    "tests/conformance/test_grouped_faces.py",
+  ],
+}
+OTHER_ISA = "--xla_cpu_max_isa=SSE4_2"
+
+
 def run_pytest(
   session: nox.Session, folders: list[str], *extra: str, env: dict[str, str] | None = None
 ) -> None:
-  if "tests/distributed" in folders:
-    env = {**EIGHT_CPU_DEVICES, **(env or {})}
-  session.run("python", "-m", "pytest", *folders, *extra, *session.posargs, env=env)
+  fetch_test_data(session, folders)
+  env = dict(env or {})
+  if any(f.startswith("tests/distributed") for f in folders):
+    flags = f"{EIGHT_CPU_DEVICES['XLA_FLAGS']} {env.get('XLA_FLAGS', '')}".strip()
+    env["XLA_FLAGS"] = flags
+  session.run("python", "-m", "pytest", *folders, *WORKERS, *extra, *session.posargs, env=env)
+
+
+def run_under_another_isa(session: nox.Session, variant: str) -> None:
+  """The variant's float-sensitive files again, under XLA's SSE4_2 instruction set."""
+  files = FLOAT_SENSITIVE.get(variant)
+  if files:
+    session.log(f"the float-sensitive tests again under XLA_FLAGS={OTHER_ISA}")
+    run_pytest(session, files, env={"XLA_FLAGS": OTHER_ISA})
 
 
 @nox.session(python=PYTHONS)
@@ -153,6 +207,17 @@ def tests(session: nox.Session, variant: str) -> None:
   # CI under its hour.
   full = {"OPTCORE_FULL_MATRIX": "1"} if session.python == PYTHON else None
   run_pytest(session, folders, env=full)
+  if session.python == PYTHON:  # the instruction set is Python-independent: the newest runs it
+    run_under_another_isa(session, variant)
+
+
+@nox.session(python=PYTHON)
+def quick(session: nox.Session) -> None:
+  """The core's tests on the newest Python, the quick check before a commit (about 4 minutes
+  on two CPU cores); ``nox -s quick -- -k soap`` passes pytest arguments."""
+  sync(session, "optcore", "test")
+  print_versions(session)
+  run_pytest(session, VARIANTS["core"][1])
 
 
 # variant -> what tests-lowest installs beside pytest: the package (its direct requirements
@@ -169,9 +234,7 @@ LOWEST = {
 @nox.parametrize("variant", list(LOWEST))
 def tests_lowest(session: nox.Session, variant: str) -> None:
   """Each package's tests on the lowest versions its pyproject allows (not from uv.lock)."""
-  session.install(
-    "--resolution", "lowest-direct", *LOWEST[variant], "pytest>=8.3", "hypothesis>=6.100"
-  )
+  session.install("--resolution", "lowest-direct", *LOWEST[variant], *TEST_TOOLS)
   print_versions(session)
   run_pytest(session, VARIANTS[variant][1])
 
@@ -181,7 +244,7 @@ def tests_latest(session: nox.Session) -> None:
   """Every package and test on the newest releases the registry serves, without the lock:
   drift in jax, optax, flax, equinox or orbax shows here before users report it."""
   packages = ["./packages/core", *(f"./packages/{a}_adapter" for a in ADAPTERS)]
-  tools = ["pytest", "hypothesis", "gin-config", "orbax-checkpoint", "matplotlib"]
+  tools = [*TEST_TOOLS, "gin-config", "orbax-checkpoint", "matplotlib"]
   session.install("--upgrade", "--resolution", "highest", *packages, *tools)
   print_versions(session)
   for _, folders in VARIANTS.values():
@@ -292,6 +355,24 @@ def shampoo_reference(session: nox.Session) -> None:
   run_pytest(session, ["tests/core/test_shampoo.py"], env={"OPTCORE_SHAMPOO_REFERENCE": fresh})
 
 
+#: What optax's own tests import beside optax (its test extras).
+OPTAX_TEST_TOOLS = ["absl-py", "scikit-learn"]
+
+
+@nox.session(name="optax_suite", python=PYTHON, default=False)
+def optax_suite(session: nox.Session) -> None:
+  """optax's own test suite judges optcore's optax face: run as it is and with every optax
+  factory rebound to optcore.<name>(...).as_optax() (tests/support/optax_rebound.py); fails on
+  any test that fails only rebound (tests/support/optax_suite.py)."""
+  sync(session, "optcore", "test")
+  session.run_install(
+    "uv", "pip", "install", "--python", session.virtualenv.location, *OPTAX_TEST_TOOLS,
+    external=True,
+  )  # fmt: skip
+  print_versions(session)
+  session.run("python", "tests/support/optax_suite.py", *WORKERS, *session.posargs)
+
+
 @nox.session(python=PYTHON)
 def spike(session: nox.Session) -> None:
   """A run through a bad batch: per-layer statistics logged each step, the bad step skipped,
@@ -390,8 +471,9 @@ def docs(session: nox.Session) -> None:
   """Builds the documentation site with warnings as errors into docs/_build/html, checks every
   internal link (and that each name of the API index links to its entry), then renders the home
   page, the flax.optim migration guide, optcore.Optimizer's API entry and the benchmarks page
-  in headless Chromium to docs/_build/screenshots/ (Debian's chromium, installed with apt when
-  missing), checks each shows a page, not a blank, and measures every page at 1280 px: no code
+  in headless Chromium to docs/_build/screenshots/ (Chromium from PATH; with
+  OPTCORE_INSTALL_CHROMIUM=1 Debian's package is installed with apt when missing), checks each
+  shows a page, not a blank, and measures every page at 1280 px: no code
   block, table, figure or contents entry clipped (docs/_tools/check_clipping.py)."""
   sync(session, None, "docs")
   build = ROOT / "docs" / "_build"
@@ -426,10 +508,18 @@ def docs(session: nox.Session) -> None:
 
 
 def _chromium(session: nox.Session) -> str:
-  """Debian's Chromium, installed from the distribution's archive when it is missing."""
+  """Chromium from PATH. Where it is missing this says how to get it, and installs Debian's
+  package with apt-get only when asked to (``OPTCORE_INSTALL_CHROMIUM=1``, as .ci/run does)."""
   for name in ("chromium", "chromium-browser"):
     if found := shutil.which(name):
       return found
+  if os.environ.get("OPTCORE_INSTALL_CHROMIUM") != "1":
+    session.error(
+      "the site's screenshots and clipping checks need Chromium, which is not on PATH: install "
+      "your distribution's package (Debian/Ubuntu: sudo apt-get install chromium "
+      "fonts-dejavu-core), or rerun with OPTCORE_INSTALL_CHROMIUM=1 to let this session run "
+      "apt-get for you"
+    )
   if shutil.which("apt-get") is None:
     session.error("the screenshots need Chromium: install your distribution's chromium package")
   sudo = [] if os.geteuid() == 0 else ["sudo", "-n"]

@@ -1,8 +1,9 @@
 """Flax's own NNX optimizer tests pass on the NNX face with only the import line changed
 (``from flax import nnx`` -> ``from optcore_flax import nnx``): every test, none left out.
 
-The suite is the installed Flax's (see `flax_nnx_suite`); it runs in a subprocess, with a
-conftest that counts the face's ``update`` calls, so a run that never reached the face fails.
+The suite is the installed Flax's (see `flax_nnx_suite`), fetched before pytest by
+``nox -s tests``; it runs in a subprocess, with a conftest that counts the face's ``update``
+calls, so a run that never reached the face fails.
 """
 
 from __future__ import annotations
@@ -14,7 +15,14 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from flax_nnx_suite import FACE_IMPORT, ORIGINAL_IMPORT, flax_version, original_suite, with_face
+from flax_nnx_suite import (
+  FACE_IMPORT,
+  FETCH_COMMAND,
+  ORIGINAL_IMPORT,
+  cached_suite,
+  flax_version,
+  with_face,
+)
 
 COUNTING_CONFTEST = """
 import os
@@ -39,15 +47,13 @@ def pytest_sessionfinish(session):
 
 
 def _suite_text() -> str:
-  try:
-    return original_suite(flax_version())
-  except OSError as e:
-    if os.environ.get("OPTCORE_OFFLINE") == "1":
-      pytest.skip(f"OPTCORE_OFFLINE=1 and Flax's suite is not cached: cannot download it ({e})")
-    raise RuntimeError(
-      f"could not download Flax {flax_version()}'s tests from PyPI ({e}); offline, set "
-      "OPTCORE_OFFLINE=1 to skip this test"
-    ) from e
+  path = cached_suite(flax_version())
+  if not path.exists():
+    pytest.skip(
+      f"Flax {flax_version()}'s NNX optimizer suite is not fetched ({path} is missing): "
+      f"`nox -s tests` fetches it before pytest, or run `{FETCH_COMMAND}` online"
+    )
+  return path.read_text()
 
 
 def test_the_swap_changes_one_line_only():
@@ -81,3 +87,25 @@ def test_flax_nnx_optimizer_suite_passes_on_the_face(tmp_path):
   assert counts["skipped"] == 0, counts
   kinds = set(Path(calls).read_text().split())
   assert {"Optimizer", "ModelAndOptimizer"} <= kinds, kinds  # both faces ran
+
+
+def test_with_no_fetched_suite_the_test_skips_naming_the_command(tmp_path, monkeypatch):
+  monkeypatch.setenv("OPTCORE_TEST_CACHE", str(tmp_path))
+  with pytest.raises(pytest.skip.Exception, match=r"not fetched .*nox -s tests.*flax_nnx_suite"):
+    _suite_text()
+
+
+def test_fetching_offline_fails_only_on_ci(tmp_path, monkeypatch, capsys):
+  import flax_nnx_suite
+
+  def unreachable(*args, **kwargs):
+    raise OSError("Network is unreachable")
+
+  monkeypatch.setenv("OPTCORE_TEST_CACHE", str(tmp_path))
+  monkeypatch.setattr(flax_nnx_suite.urllib.request, "urlopen", unreachable)
+  monkeypatch.delenv("CI", raising=False)
+  assert flax_nnx_suite.main() == 0
+  assert "will skip" in capsys.readouterr().err
+  monkeypatch.setenv("CI", "true")
+  assert flax_nnx_suite.main() == 1
+  assert not list(tmp_path.rglob("*.py"))
