@@ -71,7 +71,7 @@ ROWS: list[tuple[str, Callable[[], Any], dict[str, Any], type | None, str]] = [
     lambda: optcore.chain([optax.clip_by_global_norm(1.0), optcore.adamw(1e-3)]),
     {"wd": 0.1},
     TypeError,
-    "unknown hyper-parameter 'wd'; the valid names are",
+    "unknown hyper-parameter 'wd' (optcore's name is 'weight_decay'); the valid names are",
   ),
   ("none", lambda: optcore.adam(1e-3), {"learning_rate": None}, ValueError, "=None is refused"),
   ("string", lambda: optcore.adam(1e-3), {"learning_rate": "0.1"}, TypeError, "is a str"),

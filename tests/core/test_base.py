@@ -104,7 +104,10 @@ def test_hyper_params_are_immutable():
   hp = optcore.HyperParams(learning_rate=0.1)
   with pytest.raises(AttributeError, match="immutable"):
     hp.learning_rate = 0.2
-  with pytest.raises(AttributeError, match="unknown hyper-parameter 'lr'; the valid names are"):
+  with pytest.raises(
+    AttributeError,
+    match=r"unknown hyper-parameter 'lr' \(optcore's name is 'learning_rate'\); the valid names",
+  ):
     _ = hp.lr
 
 

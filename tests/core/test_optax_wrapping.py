@@ -417,7 +417,10 @@ def test_overrides_reach_the_wrapped_optimizers_inside_a_chain():
   updates, _ = tx.update({"w": jnp.ones(2)}, tx.init({"w": jnp.zeros(2)}))
   np.testing.assert_array_equal(step(opt, 0.25).target["w"], updates["w"])
   with pytest.raises(
-    TypeError, match=r"unknown hyper-parameter 'lr'; the valid names are: .*learning_rate"
+    TypeError,
+    match=r"'lr' \(optcore's name is 'learning_rate'\); the valid names are: learning_rate, "
+    r"momentum \(set when the definition is made, not per step: accumulator_dtype, nesterov, "
+    r"transformations\)",
   ):
     opt.apply_gradient({"w": jnp.ones(2)}, lr=0.1)
 

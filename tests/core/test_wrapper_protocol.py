@@ -4,6 +4,8 @@ construction, so a new flag on `OptimizerDef` reaches every wrapper without a li
 
 from __future__ import annotations
 
+import contextlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -61,7 +63,11 @@ def test_per_example_gradients_pass_through_a_wrapper_as_bare_dpsgd_takes_them(w
   params = {"w": jnp.ones((3,)), "b": jnp.zeros((2,))}
   per_example = {"w": jnp.arange(12.0).reshape(4, 3) / 10, "b": jnp.ones((4, 2))}
   bare = INNER["dpsgd"]().create(params).apply_gradient(per_example)
-  opt = WRAPPERS[wrapper](INNER["dpsgd"]()).create(params).apply_gradient(per_example)
+  # dpsgd without momentum keeps no state: low-bit state has nothing to quantize, and says so
+  said = wrapper == "low_bit_state"
+  with pytest.warns(UserWarning, match="quantizes nothing") if said else contextlib.nullcontext():
+    opt = WRAPPERS[wrapper](INNER["dpsgd"]()).create(params)
+  opt = opt.apply_gradient(per_example)
   for name in params:
     np.testing.assert_allclose(opt.target[name], bare.target[name], rtol=1e-6)
   with pytest.raises(optcore.TreeMismatchError, match="'/w'"):

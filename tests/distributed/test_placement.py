@@ -100,3 +100,19 @@ def test_rules_in_another_shape_are_read_or_refused_by_entry(mesh):
     optcore.Placement(mesh, "embed")
   with pytest.raises(TypeError, match=r"logical_axis_rules\[1\] is \('mlp',\)"):
     optcore.Placement(mesh, [("embed", None), ("mlp",)])
+
+
+def test_a_memory_kind_pattern_that_matches_no_state_leaf_says_so(mesh):
+  """A pattern that finds nothing places nothing: the warning names it and the state's paths,
+  and the state stays on the device; a pattern that finds a leaf is quiet."""
+  params = {"w": jnp.ones((16, 8))}
+  with pytest.warns(UserWarning, match=r"'/nux/' \(-> 'pinned_host'\) matches no state leaf.*"
+                    r"'param_states/0/nu/w'"):  # fmt: skip
+    opt = optcore.adam(1e-2).create_sharded(
+      params, None, mesh, state_memory_kind={"/nux/": "pinned_host"}
+    )
+  assert opt.state.param_states[0].nu["w"].sharding.memory_kind == "device"
+  opt = optcore.adam(1e-2).create_sharded(
+    params, None, mesh, state_memory_kind={"/nu/": "pinned_host"}
+  )
+  assert opt.state.param_states[0].nu["w"].sharding.memory_kind == "pinned_host"

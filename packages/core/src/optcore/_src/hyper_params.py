@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import functools
 import types
 from collections.abc import Iterable, Iterator, Mapping
@@ -154,13 +155,64 @@ def _function_key(fn: types.FunctionType, seen: frozenset) -> Any:
   )
 
 
-def unknown_names_message(unknown: Iterable[str], valid: Iterable[str]) -> str:
+#: Names other libraries give hyper-parameters (PyTorch, Keras, flax.optim) -> optax's names for
+#: them; an error naming one of these says which keyword optcore takes instead.
+KNOWN_ALIASES: dict[str, tuple[str, ...]] = {
+  "lr": ("learning_rate",),
+  "learningrate": ("learning_rate",),
+  "betas": ("b1", "b2"),
+  "beta1": ("b1",),
+  "beta2": ("b2",),
+  "beta_1": ("b1",),
+  "beta_2": ("b2",),
+  "momentum": ("b1",),
+  "epsilon": ("eps",),
+  "eps": ("epsilon",),
+  "wd": ("weight_decay",),
+  "decay": ("weight_decay",),
+}
+
+
+def is_setting(name: str, value: Any) -> bool:
+  """A hyper-parameter that shapes the algorithm rather than a number a step may change: a
+  flag, a mask, a dtype, a name (``nesterov``, ``mask``, ``mu_dtype``)."""
+  if name in NOT_SCHEDULES or name.endswith("_dtype"):
+    return True
+  if isinstance(value, (list, tuple)):  # a chain's transformations, not numbers
+    return not all(is_numeric(v) for v in value)
+  return isinstance(value, (bool, str))
+
+
+def name_hint(name: str, valid: Iterable[str]) -> str:
+  """`` (optcore's name is 'learning_rate')`` for a known alias whose names ``valid`` has,
+  else `` (did you mean 'learning_rate'?)`` for a near miss, else nothing."""
+  valid = set(valid)
+  meant = KNOWN_ALIASES.get(name.lower(), ())
+  if meant and set(meant) <= valid:
+    names = " and ".join(map(repr, meant))
+    return f" (optcore's name{'s are' if len(meant) > 1 else ' is'} {names})"
+  close = difflib.get_close_matches(name, sorted(valid), n=1)
+  return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def unknown_names_message(
+  unknown: Iterable[str], valid: Iterable[str], values: Mapping[str, Any] | None = None
+) -> str:
   """The one wording for hyper-parameter names a definition does not have:
-  ``unknown hyper-parameter 'lr'; the valid names are: b1, b2, eps``."""
+  ``unknown hyper-parameter 'lr' (optcore's name is 'learning_rate'); the valid names are:
+  b1, b2, eps, learning_rate``. With the definition's ``values``, the settings among
+  ``valid`` (flags, masks, dtypes: `is_setting`) are named apart from the per-step values."""
   unknown = list(unknown)
+  valid = set(valid)
+  values = values or {}
+  settings = sorted(n for n in valid if n in values and is_setting(n, values[n]))
   noun = "hyper-parameter" if len(unknown) == 1 else "hyper-parameters"
-  names = ", ".join(sorted(valid)) or "(none)"
-  return f"unknown {noun} {', '.join(map(repr, unknown))}; the valid names are: {names}"
+  named = ", ".join(f"{name!r}{name_hint(name, valid)}" for name in unknown)
+  names = ", ".join(sorted(valid - set(settings))) or "(none)"
+  message = f"unknown {noun} {named}; the valid names are: {names}"
+  if settings:
+    message += f" (set when the definition is made, not per step: {', '.join(settings)})"
+  return message
 
 
 class HyperParams(Mapping[str, Any]):
@@ -178,7 +230,7 @@ class HyperParams(Mapping[str, Any]):
     >>> hp.replace(lr=0.2)
     Traceback (most recent call last):
     ...
-    TypeError: unknown hyper-parameter 'lr'; the valid names are: beta, learning_rate
+    TypeError: unknown hyper-parameter 'lr' (optcore's name is 'learning_rate'); the valid ...
   """
 
   __slots__ = ("_key_cache", "_values")
@@ -191,7 +243,7 @@ class HyperParams(Mapping[str, Any]):
     try:
       return self._values[name]
     except KeyError:
-      raise AttributeError(unknown_names_message([name], self._values)) from None
+      raise AttributeError(unknown_names_message([name], self._values, self._values)) from None
 
   def __setattr__(self, name: str, value: Any) -> None:
     raise AttributeError("HyperParams is immutable; use .replace(**changes)")
@@ -209,7 +261,7 @@ class HyperParams(Mapping[str, Any]):
     """A copy with ``changes`` applied; an unknown name raises TypeError."""
     unknown = [name for name in changes if name not in self._values]
     if unknown:
-      raise TypeError(unknown_names_message(unknown, self._values))
+      raise TypeError(unknown_names_message(unknown, self._values, self._values))
     return HyperParams(**{**self._values, **changes})
 
   def __eq__(self, other: object) -> bool:

@@ -24,6 +24,7 @@ from optcore._src.quantization import (
   is_quantized,
   requantize_like,
 )
+from optcore._src.user_warnings import warn
 from optcore._src.wrapper import StateWrapper, init_in_one_program, map_optimizer_leaves_with_path
 
 PyTree = Any
@@ -32,6 +33,13 @@ PyTree = Any
 #: (adam, rmsprop, belief, amsgrad), ``nu_max``, ``sum_of_squares`` (adagrad), the legacy
 #: algorithms' ``grad_sq_ema`` (Adam, LAMB), ``v`` (RMSProp, Adafactor), ``G`` (Adagrad),
 #: and adadelta's ``e_g``/``e_x``. Every other field is quantized with the signed map.
+#: State fields that hold no moment, which `low_bit_state` leaves in their dtype unless its
+#: ``states=`` names them: a copy of the parameters (schedule-free's ``z``, lookahead's
+#: ``slow_params``: quantized, the parameters themselves would move by the rounding, 50% off
+#: the float run after 6 steps) or a preconditioner's statistics and bases (SOAP's ``gg`` and
+#: ``q``, Shampoo's ``statistics`` and ``preconditioners``: 8.4% off for SOAP).
+NOT_MOMENTS = frozenset({"z", "slow_params", "gg", "q", "statistics", "preconditioners"})
+
 SECOND_MOMENTS = frozenset(
   {
     "nu",
@@ -117,7 +125,38 @@ class LowBitStateDef(StateWrapper):
       return False
     if self.bits == 4 and size % check_block_size(4, self.block_size):
       return False
-    return self.states is None or re.search(self.states, state_path(keys)) is not None
+    if self.states is None:  # moments only: a copy of the parameters or a basis stays as it is
+      return not set(_field_names(keys)) & NOT_MOMENTS
+    return re.search(self.states, state_path(keys)) is not None
+
+  def warn_if_nothing_chosen(self, param_states: PyTree) -> None:
+    """Warns, saying why, where no leaf of the wrapped definition's state is chosen: then
+    this wrapper would store nothing in low bits and say nothing."""
+    keyed = _keyed_leaves(param_states)
+    if any(self.chooses(keys, leaf) for keys, leaf in keyed):
+      return
+    leaves = [
+      (state_path(keys), int(np.prod(np.shape(leaf))))
+      for keys, leaf in keyed
+      if hasattr(leaf, "dtype") and jnp.issubdtype(leaf.dtype, jnp.floating)
+    ]
+    name = f"low_bit_state({self.optimizer_def!r})"
+    if not leaves:
+      why = "the wrapped definition keeps no floating-point state to quantize"
+      fix = "drop low_bit_state, or wrap an optimizer with moments (adam, ...)"
+    elif self.states is not None and not any(re.search(self.states, p) for p, _ in leaves):
+      shown = ", ".join(repr(p) for p, _ in leaves[:6]) + (", ..." if len(leaves) > 6 else "")
+      why = f"states={self.states!r} matches no state leaf; the state's paths are {shown}"
+      fix = "pass a pattern that one of them matches"
+    else:
+      largest = max(size for _, size in leaves)
+      why = (
+        f"every state leaf it would quantize has fewer than min_size={self.min_size} values "
+        f"(the largest {largest})"
+        + (", or is not a multiple of the block" if self.bits == 4 else "")
+      )
+      fix = f"lower min_size (min_size={largest} quantizes the largest)"
+    warn(f"{name} quantizes nothing: {why}; the state stays in its own dtype. To fix: {fix}.")
 
   def _quantize(self, keys: tuple, leaf: Any) -> QuantizedArray:
     signed = not (set(_field_names(keys)) & SECOND_MOMENTS)
@@ -134,6 +173,7 @@ class LowBitStateDef(StateWrapper):
   def init_state(self, params: PyTree) -> OptimizerState:
     def init(params: PyTree) -> OptimizerState:
       inner = self.optimizer_def.init_state(params)
+      self.warn_if_nothing_chosen(inner.param_states)
       return OptimizerState(inner.step, LowBitState(self.quantize_state(inner.param_states)))
 
     return init_in_one_program(init, params)
@@ -185,6 +225,12 @@ class LowBitStateDef(StateWrapper):
       if value != default:
         parts.append(f"{name}={value!r}")
     return f"low_bit_state({', '.join(parts)})"
+
+
+def _keyed_leaves(param_states: PyTree) -> list[tuple[tuple, Any]]:
+  found: list[tuple[tuple, Any]] = []
+  map_optimizer_leaves_with_path(lambda keys, x: found.append((keys, x)) or x, param_states)
+  return found
 
 
 def state_path(keys: tuple) -> str:
@@ -241,7 +287,8 @@ def low_bit_state(
       4.
     states: a regular expression searched in each state leaf's path (`state_path`:
       ``'0/nu/dense/kernel'`` for adam's second moment of ``dense/kernel``) choosing
-      the leaves to quantize, e.g. ``'nu'``; None for every one.
+      the leaves to quantize, e.g. ``'nu'``; None for every moment (`NOT_MOMENTS`: a copy of
+      the parameters or a preconditioner's basis stays as it is unless a pattern names it).
     min_size: leaves of fewer values stay in their own dtype.
     rounding: how a value becomes a code: "nearest" (the published method, bitsandbytes on
       CUDA, torchao) or "bitsandbytes_cpu" (bitsandbytes' CPU backend, which rounds through a

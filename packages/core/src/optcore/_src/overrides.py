@@ -101,6 +101,16 @@ def reachable_names(hyper_params: HyperParams) -> set[str]:
   return names
 
 
+def reachable_values(hyper_params: Mapping[str, Any]) -> dict[str, Any]:
+  """The hyper-parameters of the wrapped factories among ``hyper_params``, by name."""
+  values: dict[str, Any] = {}
+  for value in hyper_params.values():
+    for item in _items(value):
+      if _is_nested(item):
+        values.update({**reachable_values(item.hyper_params), **item.hyper_params})
+  return values
+
+
 def route(value: Any, overrides: Mapping[str, Any]) -> Any:
   """``value`` with the overrides its wrapped factories take applied to them."""
   if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
@@ -128,7 +138,8 @@ def route_nested(
   valid = set(hyper_params) | reachable
   unused = sorted(nested.keys() - valid)
   if unused:
-    raise TypeError(f"{owner}: {unknown_names_message(unused, valid)}")
+    values = {**reachable_values(hyper_params), **hyper_params}
+    raise TypeError(f"{owner}: {unknown_names_message(unused, valid, values)}")
   routed = HyperParams(**{k: route(v, nested) for k, v in hyper_params.items()})
   return routed, {k: v for k, v in hyper_param_overrides.items() if k not in nested}
 

@@ -24,6 +24,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from optcore._src import paths
 from optcore._src.checks import check_regex
+from optcore._src.user_warnings import warn
 
 PyTree = Any
 
@@ -92,7 +93,22 @@ def with_memory_kind(state: PyTree, shardings: PyTree, mesh: Mesh, memory_kind: 
   for (keys, leaf), named in zip(keyed, treedef.flatten_up_to(shardings), strict=True):
     kind = kind_of(keys) if jax.numpy.ndim(leaf) else None
     placed.append(named if kind is None else named.with_memory_kind(kind))
+  _warn_unmatched(rules, [paths.path_str(keys)[1:] for keys, leaf in keyed if jax.numpy.ndim(leaf)])
   return treedef.unflatten(placed)
+
+
+def _warn_unmatched(rules: Any, placeable: list[str]) -> None:
+  """Warns for each ``(pattern, kind)`` of ``state_memory_kind`` that finds no state leaf
+  (scalars stay on the device): such a pattern places nothing and would say nothing."""
+  for pattern, kind in rules:
+    if not any(re.search(pattern, path) for path in placeable):
+      shown = ", ".join(repr(p) for p in placeable[:6]) + (", ..." if len(placeable) > 6 else "")
+      shown = shown or "(none: scalars stay on the device)"
+      warn(
+        f"state_memory_kind: the pattern {pattern!r} (-> {kind!r}) matches no state leaf, so "
+        f"it places nothing; the state's paths are {shown}. "
+        "To fix: give a pattern one of them matches."
+      )
 
 
 def _on_host(x: Any) -> bool:

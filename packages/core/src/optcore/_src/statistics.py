@@ -16,6 +16,7 @@ from jax.sharding import PartitionSpec
 from optcore._src.base import OptimizerDef
 from optcore._src.optimizer import OptimizerState
 from optcore._src.traversal import leaves_with_paths
+from optcore._src.user_warnings import warn
 from optcore._src.wrapper import StateWrapper
 
 PyTree = Any
@@ -63,8 +64,9 @@ class WithStatistics(StateWrapper):
       groups = dict(groups)
     elif not isinstance(groups, (int, np.integer)) or isinstance(groups, bool) or groups < 1:
       raise TypeError(
-        "with_statistics: groups is a path depth (1: one group per top-level key) or a dict "
-        f"from group names to path regexes; got groups={groups!r}"
+        "with_statistics: groups is a path depth counted from 1 (1: one group per top-level "
+        "key, 2: per key below it) or a dict from group names to path regexes; got "
+        f"groups={groups!r}"
       )
     else:
       groups = int(groups)
@@ -75,7 +77,8 @@ class WithStatistics(StateWrapper):
     return "keep one set of statistics (groups= chooses what each line sums)"
 
   def _static_key(self) -> tuple:
-    groups = tuple(sorted(self.groups.items())) if isinstance(self.groups, dict) else self.groups
+    # in the user's order: the first regex a path matches takes it, and values keep that order
+    groups = tuple(self.groups.items()) if isinstance(self.groups, dict) else self.groups
     return (type(self), self.optimizer_def, groups)
 
   def group_of(self, path: str) -> str | None:
@@ -97,7 +100,16 @@ class WithStatistics(StateWrapper):
 
   def init_state(self, params: PyTree) -> OptimizerState:
     inner = self.optimizer_def.init_state(params)
-    _, names = self._assignment(params)
+    assigned, names = self._assignment(params)
+    empty = [name for name in names if name != GLOBAL and name not in assigned]
+    if empty:
+      named, _ = leaves_with_paths(params)
+      shown = ", ".join(repr(path) for path, _ in named[:6]) + (", ..." if len(named) > 6 else "")
+      warn(
+        f"with_statistics: {', '.join(f'group {g!r} ({self.groups[g]!r})' for g in empty)} "
+        f"matches no parameter, so its lines will be zeros; the parameters' paths are {shown}. "
+        "To fix: give a regex one of them matches, or drop the group."
+      )
     values = {name: jnp.zeros((len(FIELDS),), jnp.float32) for name in names}
     return OptimizerState(inner.step, StatisticsState(inner.param_states, values))
 
