@@ -321,3 +321,30 @@ def test_overlapping_variable_type_groups_are_refused_by_path():
   )  # a LoRAParam is an nnx.Param too
   with pytest.raises(ValueError, match="lora_a"):
     ocnnx.Optimizer(model, overlapping, wrt=nnx.Param)
+
+
+def test_every_name_but_the_optimizers_is_flax_nnx_own():
+  """The one-line swap: a program that uses nnx.Any(...), nnx.Linear or nnx.jit gets Flax's own
+  objects (the module's own imports once shadowed nnx.Any with typing.Any)."""
+  own = {"Optimizer", "ModelAndOptimizer"}
+  for name in dir(nnx):
+    if not name.startswith("_") and name not in own:
+      assert getattr(ocnnx, name) is getattr(nnx, name), name
+  assert ocnnx.Any is nnx.Any and ocnnx.Optimizer is not nnx.Optimizer
+
+
+def test_a_checkpoint_of_numpy_arrays_restores_as_jax_arrays_and_the_next_step_runs():
+  """orbax and msgpack give NumPy arrays back: the restored state holds JAX arrays, so the next
+  eager update (and a jitted one) takes it, and continues the run exactly."""
+  model = MLP(nnx.Rngs(0))
+  optimizer = ocnnx.Optimizer(model, optcore.ema(optcore.adam(1e-2), 0.9), wrt=nnx.Param)
+  optimizer.update(model, grads_of(model))
+  twin_model = nnx.clone(model)
+  twin = ocnnx.Optimizer(twin_model, optcore.ema(optcore.adam(1e-2), 0.9), wrt=nnx.Param)
+  twin.restore_state(jax.tree.map(np.asarray, optimizer.state_dict()))
+  leaves = jax.tree.leaves(nnx.as_pure(twin.opt_state))
+  assert leaves and all(isinstance(x, jax.Array) for x in leaves)
+  optimizer.update(model, grads_of(model))
+  twin.update(twin_model, grads_of(twin_model))
+  for got, want in zip(arrays(twin_model), arrays(model), strict=True):
+    np.testing.assert_array_equal(got, want)

@@ -12,7 +12,10 @@ same errors, and writes the same state dicts.
   updates with ``apply_updates=False``).
 - `split_update_arguments`: an ``update``'s keywords as hyper-parameter overrides and
   optax's extra arguments (``value``, ``grad``, ``value_fn``), for a face whose ``update``
-  takes both, as ``nnx.Optimizer``'s does.
+  takes both, as ``nnx.Optimizer``'s does (a name neither is refused by `step`).
+- `optax_update_arguments`: the same split by optax's contract, for a face that is an optax
+  transformation (``as_optax()``): a keyword no hyper-parameter goes on to the definitions that
+  read it and is ignored by the others.
 - `state_dict` / `restore_state`: the state alone, ``{'state': {'step',
   'param_states'}}``, readable by every face (a core or Flax optimizer's
   ``'target'`` is ignored on restore).
@@ -25,6 +28,9 @@ same errors, and writes the same state dicts.
   (what each face's ``transplant`` calls).
 - `key_data_for_export`: typed PRNG keys as key data, for formats without
   them (msgpack).
+- `map_definitions` / `iter_definitions`: the one walk over a tree of definitions (a wrapper's
+  wrapped definition, a `MultiOptimizer`'s groups), for a face that translates its own
+  selectors or settings wherever they sit.
 - `warn`: a warning attributed to the user's line, whatever path led to it.
 - `fill_unaveraged`: a definition's ``ema_params`` with the parameters no
   `MultiOptimizer` group averages filled in from the parameters.
@@ -44,6 +50,9 @@ Example:
   (Array([0.5, 0.5], dtype=float32), ['param_states', 'step'])
 """
 
+from optcore._src.definition_tree import iter_definitions as iter_definitions
+from optcore._src.definition_tree import map_definitions as map_definitions
+from optcore._src.export import optax_update_arguments as optax_update_arguments
 from optcore._src.export import split_update_arguments as split_update_arguments
 from optcore._src.optax_wrapper import as_definition as as_definition
 from optcore._src.optimizer import fill_unaveraged as fill_unaveraged
@@ -61,7 +70,10 @@ __all__ = [
   "StatePlacement",
   "as_definition",
   "fill_unaveraged",
+  "iter_definitions",
   "key_data_for_export",
+  "map_definitions",
+  "optax_update_arguments",
   "restore_state",
   "split_update_arguments",
   "state_dict",

@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping, Sequence
-from typing import Any, Unpack
+from typing import Any as _Any
+from typing import Unpack as _Unpack
 
 import jax
 import jax.numpy as jnp
@@ -46,8 +47,8 @@ from optcore_flax._linen import _has_nnx_axes
 
 __all__ = ["ModelAndOptimizer", "Optimizer"]
 
-PyTree = Any
-_MISSING: Any = object()
+PyTree = _Any
+_MISSING: _Any = object()
 
 
 class Optimizer(nnx.Optimizer):
@@ -82,7 +83,7 @@ class Optimizer(nnx.Optimizer):
     True
   """
 
-  def __init__(self, model: Any, tx: Any, *, wrt: Any = _MISSING, **kwargs: Any):
+  def __init__(self, model: _Any, tx: _Any, *, wrt: _Any = _MISSING, **kwargs: _Any):
     holds_model = wrt is _MISSING
     if holds_model:
       warnings.warn(
@@ -103,7 +104,7 @@ class Optimizer(nnx.Optimizer):
     if holds_model:
       self.model = model
 
-  def update(self, model: Any, grads: Any = _MISSING, /, **kwargs: Any) -> Any:
+  def update(self, model: _Any, grads: _Any = _MISSING, /, **kwargs: _Any) -> _Any:
     """Applies ``grads`` to ``model``'s ``wrt`` variables and advances the state, as
     ``nnx.Optimizer.update`` does; keywords are hyper-parameter overrides for this step
     (``learning_rate=lr``) or optax's extra arguments (``value``, ``grad``, ``value_fn``).
@@ -155,18 +156,18 @@ class Optimizer(nnx.Optimizer):
     (`optcore.ema_params`, `optcore.current_hyper_params`) read it."""
     return _as_state(self)
 
-  def readout_parameters(self, model: Any) -> PyTree:
+  def readout_parameters(self, model: _Any) -> PyTree:
     """The trained variables of ``model`` as arrays, in the optimizer state's structure (what
     `optcore.ema_params` fills the unaveraged leaves from)."""
     return nnx.as_pure(self._wrt_state(model))
 
-  def _wrt_state(self, tree: Any) -> Any:
+  def _wrt_state(self, tree: _Any) -> _Any:
     """``tree``'s ``wrt`` variables, in Flax's graph or tree mode as this optimizer was made
     (``graph=``, Flax 0.12.9 and later)."""
     graph = getattr(self, "graph", None)
     return nnx.state(tree, self.wrt) if graph is None else nnx.state(tree, self.wrt, graph=graph)
 
-  def ema_params(self, model: Any) -> nnx.State:
+  def ema_params(self, model: _Any) -> nnx.State:
     """The moving average of ``model``'s trained variables (an `optcore.ema` anywhere in the
     definition), as an ``nnx.State``: ``nnx.update(model, optimizer.ema_params(model))`` puts it
     in the model. Variables no group averages come back as they are; arrays are on the device.
@@ -176,7 +177,7 @@ class Optimizer(nnx.Optimizer):
     """
     return optcore.ema_params(self, model)
 
-  def eval_params(self, model: Any) -> nnx.State:
+  def eval_params(self, model: _Any) -> nnx.State:
     """``model``'s trained variables at the point a schedule-free definition
     (``optcore.contrib.schedule_free_adamw``, ...) evaluates, as an ``nnx.State``:
     ``nnx.update(model, optimizer.eval_params(model))`` puts them in the model (see
@@ -187,17 +188,17 @@ class Optimizer(nnx.Optimizer):
     """
     return optcore.eval_params(self, model)
 
-  def current_hyper_params(self) -> dict[str, Any]:
+  def current_hyper_params(self) -> dict[str, _Any]:
     """The hyper-parameters the next `update` takes unless overridden, for logging (see
     `optcore.current_hyper_params`); works under ``nnx.jit``."""
     return optcore.current_hyper_params(self)
 
-  def state_dict(self) -> dict[str, Any]:
+  def state_dict(self) -> dict[str, _Any]:
     """``{'state': {'step', 'param_states'}}``: optcore's portable layout, which every face
     restores (`restore_state`)."""
     return adapter.state_dict(self.optimizer_def, _as_state(self))
 
-  def restore_state(self, state_dict: Mapping[str, Any]) -> None:
+  def restore_state(self, state_dict: Mapping[str, _Any]) -> None:
     """Reads a state dict of any face into this optimizer, in place as nnx does; on an error
     nothing changes.
 
@@ -208,7 +209,7 @@ class Optimizer(nnx.Optimizer):
     restored = adapter.restore_state(self.optimizer_def, _as_state(self), state_dict)
     self._set_state(restored)
 
-  def transplant(self, state_dict: Mapping[str, Any], model: Any = None) -> Any:
+  def transplant(self, state_dict: Mapping[str, _Any], model: _Any = None) -> _Any:
     """Fills this optimizer, in place, from a state dict written for another optimizer or other
     parameters, where parameter, role and shape still match (see `optcore.transplant`); returns
     the `optcore.TransplantReport`.
@@ -229,10 +230,10 @@ class Optimizer(nnx.Optimizer):
 
   def shard(
     self,
-    model: Any,
+    model: _Any,
     mesh: Mesh | optcore.Placement | None = None,
-    logical_axis_rules: Sequence[tuple[str, Any]] | None = None,
-    **placement: Unpack[adapter.StatePlacement],
+    logical_axis_rules: Sequence[tuple[str, _Any]] | None = None,
+    **placement: _Unpack[adapter.StatePlacement],
   ) -> Optimizer:
     """Places this optimizer's state, in place, as ``model``'s partitioning metadata says:
     each state array follows the parameter it belongs to (``nnx.with_partitioning`` /
@@ -317,16 +318,16 @@ class ModelAndOptimizer(Optimizer):
     1
   """
 
-  def __init__(self, model: Any, tx: Any, *, wrt: Any = nnx.Param, **kwargs: Any):
+  def __init__(self, model: _Any, tx: _Any, *, wrt: _Any = nnx.Param, **kwargs: _Any):
     super().__init__(model, tx, wrt=wrt, **kwargs)
     self.model = model
 
-  def update(self, grads: Any, /, **kwargs: Any) -> Any:  # type: ignore[override]
+  def update(self, grads: _Any, /, **kwargs: _Any) -> _Any:  # type: ignore[override]
     """``Optimizer.update(self.model, grads, **kwargs)``."""
     return super().update(self.model, grads, **kwargs)
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _Any:
   """Every other name is ``flax.nnx``'s: the module stands in for it."""
   try:
     return getattr(nnx, name)
@@ -344,7 +345,7 @@ _FILTER_TYPES = tuple(
 )
 
 
-def _is_variable_filter(selector: Any) -> bool:
+def _is_variable_filter(selector: _Any) -> bool:
   """An nnx filter over variables (a Variable type, a tuple of filters, one of nnx's filter
   objects), as opposed to optcore's own selectors (a regex, a predicate, a mask)."""
   if isinstance(selector, type):
@@ -354,21 +355,15 @@ def _is_variable_filter(selector: Any) -> bool:
   return isinstance(selector, _FILTER_TYPES)
 
 
-def _with_variable_selectors(opt_def: Any, model: Any, wrt: Any) -> Any:
-  """``opt_def`` with each `MultiOptimizer` selector that is an nnx filter replaced by the
-  boolean mask it picks on ``model``'s ``wrt`` variables (nested groups too); the definition
-  itself where it has none."""
-  if not isinstance(opt_def, optcore.MultiOptimizer):
-    return opt_def
-  pairs = [(s, _with_variable_selectors(o, model, wrt)) for s, o in zip(
-    opt_def.traversals, opt_def.sub_optimizers, strict=True)]  # fmt: skip
-  if not any(_is_variable_filter(s) for s, _ in pairs) and all(
-    o is p for (_, o), p in zip(pairs, opt_def.sub_optimizers, strict=True)
-  ):
-    return opt_def
-  variables = nnx.state(model, wrt)
+def _with_variable_selectors(opt_def: _Any, model: _Any, wrt: _Any) -> _Any:
+  """``opt_def`` with each selector that is an nnx filter, in any `MultiOptimizer` of its tree
+  (a group's, or one inside ``ema``, ``accumulate`` ...), replaced by the boolean mask it picks
+  on ``model``'s ``wrt`` variables; the definition itself where it has none."""
+  variables = None
 
-  def mask(selector: Any) -> Any:
+  def mask(selector: _Any) -> _Any:
+    nonlocal variables
+    variables = nnx.state(model, wrt) if variables is None else variables
     picks = nnx.filterlib.to_predicate(selector)
     return jax.tree_util.tree_map_with_path(
       lambda path, v: bool(picks(tuple(getattr(k, "key", k) for k in path), v)),
@@ -376,14 +371,20 @@ def _with_variable_selectors(opt_def: Any, model: Any, wrt: Any) -> Any:
       is_leaf=_is_variable,
     )
 
-  resolved = optcore.MultiOptimizer(
-    *((mask(s) if _is_variable_filter(s) else s, o) for s, o in pairs)
-  )
-  resolved.hyper_params = list(opt_def.hyper_params)
-  return resolved
+  def resolve(d: _Any, _: _Any) -> _Any:
+    if not isinstance(d, optcore.MultiOptimizer) or not any(map(_is_variable_filter, d.traversals)):
+      return d
+    pairs = zip(d.traversals, d.sub_optimizers, strict=True)
+    resolved = optcore.MultiOptimizer(
+      *((mask(s) if _is_variable_filter(s) else s, o) for s, o in pairs)
+    )
+    resolved.hyper_params = list(d.hyper_params)
+    return resolved
+
+  return adapter.map_definitions(resolve, opt_def)
 
 
-def _metadata_axes(model: Any, wrt: Any) -> PyTree | None:
+def _metadata_axes(model: _Any, wrt: _Any) -> PyTree | None:
   """One `PartitionSpec` per ``wrt`` variable of ``model`` from its partitioning metadata
   (``nnx.with_partitioning``, ``out_sharding=``; ``P()`` where it has none), in the structure of
   the arrays the optimizer sees; None when no variable has any."""
@@ -393,7 +394,7 @@ def _metadata_axes(model: Any, wrt: Any) -> PyTree | None:
   return nnx.as_pure(nnx.get_partition_spec(variables))
 
 
-def _is_variable(x: Any) -> bool:
+def _is_variable(x: _Any) -> bool:
   return isinstance(x, nnx.Variable)
 
 

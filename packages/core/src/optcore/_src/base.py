@@ -9,6 +9,7 @@ export delegate to the modules that do that work (`overrides`, `state_axes`,
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -17,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from optcore._src import export, overrides, paths, serialization, state_axes
+from optcore._src import definition_tree, export, overrides, paths, serialization, state_axes
 from optcore._src.checks import check_float_params, check_learning_rate
 from optcore._src.hyper_params import (
   HyperParams,
@@ -278,8 +279,53 @@ class OptimizerDef(
     """This definition told the parameters' logical axes, for one that reads
     them (`optcore.contrib.muon`'s matrix dimensions); `create_sharded` calls
     it with its axes. A definition that reads none, or has its own, is
-    returned as it is."""
+    returned as it is; one with children (a wrapper, a `MultiOptimizer`) tells
+    each of them its part, however deep (`definition_tree`)."""
+    if not self.children():
+      return self
+    return definition_tree.map_definitions(
+      lambda d, axes: d if d.children() else d.with_param_logical_axes(axes),
+      self,
+      param_logical_axes,
+    )
+
+  # The tree of definitions (`definition_tree` walks it; nothing else does).
+
+  def children(self) -> tuple[OptimizerDef, ...]:
+    """The definitions this one wraps or groups, in order: none for an algorithm of its own.
+
+    Returns:
+      A tuple of definitions.
+
+    Example:
+      >>> import optcore
+      >>> optcore.ema(optcore.sgd(0.1)).children()
+      (sgd(learning_rate=0.1, momentum=None, nesterov=False, accumulator_dtype=None),)
+    """
+    return ()
+
+  def with_children(self, children: tuple[OptimizerDef, ...]) -> OptimizerDef:
+    """A new definition like this one holding ``children`` in place of its own; this one is
+    unchanged (definitions are immutable).
+
+    Raises:
+      TypeError: children given to a definition that has none.
+    """
+    if children:
+      raise TypeError(f"{self.display_name()} holds no definitions; got {children!r}")
     return self
+
+  def child_params(self, params: PyTree) -> list[PyTree]:
+    """The part of ``params`` (parameters, or a tree in their structure: logical axes) each
+    child sees: all of it, unless the definition says otherwise (a group its own leaves)."""
+    return [params] * len(self.children())
+
+  def _renewed(self) -> OptimizerDef:
+    """A shallow copy without the caches a definition keeps of itself, for `with_children`."""
+    new = copy.copy(self)
+    for cached in [k for k in new.__dict__ if k.endswith("_cache")]:
+      del new.__dict__[cached]
+    return new
 
   def current_hyper_params(self, state: OptimizerState) -> dict[str, jax.Array]:
     """The hyper-parameters the next step takes unless overridden, as a flat
@@ -325,6 +371,25 @@ class OptimizerDef(
   def display_name(self) -> str:
     """The name errors and warnings use: the class's, or the optax alias it wraps."""
     return type(self).__name__
+
+  def extra_arg_names(self) -> frozenset[str] | None:
+    """The optax extra update arguments (``value``, ``grad``, ``value_fn``, ...) this
+    definition reads: none for an algorithm of its own; None for "whatever it is given, using
+    what it reads and ignoring the rest", as optax's transformations do (a wrapped optax
+    transformation). ``as_optax().update`` passes a definition what it reads and drops the
+    rest, as an optax chain's members ignore what they do not use.
+
+    Returns:
+      The names, or None for any.
+
+    Example:
+      >>> import optcore
+      >>> optcore.legacy.Momentum(0.1).extra_arg_names()
+      frozenset()
+      >>> optcore.sgd(0.1).extra_arg_names() is None
+      True
+    """
+    return frozenset()
 
   def overridable_names(self) -> frozenset[str]:
     """The names `update_hyper_params` accepts as keyword overrides.
@@ -481,6 +546,13 @@ class ReplicatedOptimizer(OptimizerDef):
 
   def unreplicated(self) -> OptimizerDef:
     return self.optimizer_def
+
+  def children(self) -> tuple[OptimizerDef, ...]:
+    return (self.optimizer_def,)
+
+  def with_children(self, children: tuple[OptimizerDef, ...]) -> OptimizerDef:
+    (inner,) = children
+    return ReplicatedOptimizer(inner, self.devices, self.axis_name)
 
   def update_hyper_params(self, **hyper_param_overrides: Any) -> Any:
     return self.optimizer_def.update_hyper_params(**hyper_param_overrides)

@@ -10,7 +10,10 @@ import numpy as np
 import optax
 from jax.sharding import PartitionSpec
 
-from optcore._src import paths, placement
+from optcore._src import paths
+from optcore._src.hyper_params import KNOWN_ALIASES
+from optcore._src.step import apply_step
+from optcore._src.user_warnings import warn
 
 PyTree = Any
 
@@ -42,11 +45,62 @@ def split_update_arguments(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict
   return {k: v for k, v in kwargs.items() if k not in OPTAX_EXTRA_ARGS}, extra
 
 
+def optax_update_arguments(
+  optimizer_def: Any, kwargs: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+  """``(hyper_param_overrides, extra_args)`` from the keywords of an ``as_optax().update``, by
+  optax's contract: a hyper-parameter of the definition is this step's override; every other
+  keyword is an extra argument, passed on where the definition reads it
+  (`OptimizerDef.extra_arg_names`) and ignored elsewhere, as an optax chain hands every member
+  every keyword and each ignores what it does not use. A keyword one or two letters from a
+  hyper-parameter's name warns, naming it: it is likely a typo that would otherwise do nothing.
+
+  Args:
+    optimizer_def: the definition whose ``as_optax()`` was called.
+    kwargs: the keywords its ``update`` was given.
+
+  Returns:
+    ``(overrides, extra_args)``, two dicts.
+
+  Example:
+    >>> import optcore
+    >>> from optcore import adapter
+    >>> adapter.optax_update_arguments(optcore.sgd(0.1), {'learning_rate': 0.2, 'value': 1.0})
+    ({'learning_rate': 0.2}, {'value': 1.0})
+    >>> adapter.optax_update_arguments(optcore.legacy.Momentum(0.1), {'value': 1.0})
+    ({}, {})
+  """
+  names = optimizer_def.overridable_names()
+  overrides = {k: v for k, v in kwargs.items() if k in names}
+  rest = {k: v for k, v in kwargs.items() if k not in names}
+  for key in rest:
+    meant = [n for n in KNOWN_ALIASES.get(key.lower(), ()) if n in names]
+    meant += sorted(n for n in names if len(key) > 3 and _edit_distance(key, n) <= 2)
+    if meant:
+      warn(
+        f"{optimizer_def.display_name()}.as_optax().update: {key!r} is no hyper-parameter, so "
+        f"it goes on as an extra argument and changes nothing here; did you mean {meant[0]!r}?"
+      )
+  reads = optimizer_def.extra_arg_names()
+  extra = rest if reads is None else {k: v for k, v in rest.items() if k in reads}
+  return overrides, extra
+
+
+def _edit_distance(a: str, b: str) -> int:
+  """Levenshtein's distance: the insertions, deletions and substitutions from ``a`` to ``b``."""
+  row = list(range(len(b) + 1))
+  for i, x in enumerate(a, 1):
+    previous, row[0] = row[0], i
+    for j, y in enumerate(b, 1):
+      previous, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, previous + (x != y))
+  return row[-1]
+
+
 def as_optax(optimizer_def: Any) -> optax.GradientTransformationExtraArgs:
-  """`OptimizerDef.as_optax`: the state is the `OptimizerState`, the updates are
-  the definition's ``compute_updates`` for its hyper-parameters, with the
-  hyper-parameter keywords of ``update`` as overrides for that step; optax's
-  extra update arguments are ignored, as optax transformations that need none do."""
+  """`OptimizerDef.as_optax`: the state is the `OptimizerState`, the updates are the one
+  step every face takes (`step.apply_step`: gradients checked against the parameters, overrides
+  resolved, state in host memory brought in), in optax's form; ``update``'s keywords are read
+  by `optax_update_arguments`."""
 
   def init_fn(params: PyTree) -> Any:
     state = optimizer_def.init_state(paths.unbox(params))
@@ -55,16 +109,20 @@ def as_optax(optimizer_def: Any) -> optax.GradientTransformationExtraArgs:
     )
 
   def update_fn(updates: PyTree, state: Any, params: PyTree = None, **kwargs: Any):
-    overrides, _ = split_update_arguments(kwargs)
-    hyper_params = optimizer_def.update_hyper_params(**overrides)
+    overrides, extra = optax_update_arguments(optimizer_def, kwargs)
     # params may be None where the definition needs none (accumulate of an optax definition,
     # as optax.MultiSteps takes it); compute_updates says so for one that does.
-    boxed, state = state, paths.unbox(state)
-    state, on_host = placement.to_device(state)  # state_memory_kind="pinned_host"
-    updates, new_state = optimizer_def.compute_updates(
-      hyper_params, paths.unbox(params), state, paths.unbox(updates)
+    boxed = state
+    updates, new_state = apply_step(
+      optimizer_def,
+      paths.unbox(params),
+      paths.unbox(state),
+      paths.unbox(updates),
+      extra_args=extra,
+      apply_updates=False,
+      **overrides,
     )
-    return updates, paths.rebox_like(placement.to_host(new_state, on_host), boxed)
+    return updates, paths.rebox_like(new_state, boxed)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
@@ -112,10 +170,13 @@ class ExportMethods:
     (definitions that wrap optax export their own transformation and are exact).
     A hyper-parameter passed to ``update`` is honoured for that step, as an
     override of `Optimizer.apply_gradient` is (``nnx.Optimizer.update(model,
-    grads, learning_rate=lr)``; a traced value does not recompile), and a name
-    the definition does not have is refused; optax's extra update arguments
-    (``value``, ``grad``, ``value_fn``) reach a wrapped optax transformation
-    that reads them and are ignored by the others.
+    grads, learning_rate=lr)``; a traced value does not recompile). Every other
+    keyword is an extra argument, as in optax's contract: a definition that reads
+    it gets it (``value`` for a wrapped ``polyak_sgd`` or
+    ``skip_bad_steps(watch="loss")``), the others ignore it, so the
+    transformation works in an ``optax.chain`` with members that need their own;
+    a keyword a letter or two from a hyper-parameter warns. Gradients are checked
+    against ``params`` as every face checks them.
 
     Returns:
       An ``optax.GradientTransformationExtraArgs``; its ``update`` needs ``params``
@@ -124,8 +185,7 @@ class ExportMethods:
 
     Raises:
       TypeError: a definition whose state cannot be optax's (``optcore.grouped``
-        keeps the parameters in its own layout); from ``update``, a keyword
-        that is no hyper-parameter of the definition.
+        keeps the parameters in its own layout).
 
     Example:
       >>> import jax.numpy as jnp, optax

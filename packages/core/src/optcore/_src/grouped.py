@@ -301,6 +301,19 @@ class GroupedOptimizer(Generic[T]):
     """The state as the ungrouped definition lays it out."""
     return unpack_tree(self.packed_state)
 
+  def current_hyper_params(self) -> dict[str, jax.Array]:
+    """`Optimizer.current_hyper_params`: what the next step takes unless overridden.
+
+    Example:
+      >>> import jax.numpy as jnp, optax
+      >>> import optcore
+      >>> opt_def = optcore.grouped(optcore.sgd(optax.exponential_decay(1.0, 1, 0.5)))
+      >>> opt = opt_def.create({'w': jnp.ones(2)}).apply_gradient({'w': jnp.ones(2)})
+      >>> opt.current_hyper_params()
+      {'learning_rate': Array(0.5, dtype=float32)}
+    """
+    return self.optimizer_def.current_hyper_params(self.state)
+
   def apply_gradient(
     self,
     grads: PyTree,

@@ -15,7 +15,6 @@ the state is a tuple with one such tree per group (``param_states/0/...``).
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,13 +22,19 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from optcore._src import paths
+from optcore._src import definition_tree, paths
 from optcore._src.base import OptimizerDef, PyTree
-from optcore._src.export import split_update_arguments
+from optcore._src.export import optax_update_arguments
 from optcore._src.hyper_params import HyperParams
 from optcore._src.optimizer import OptimizerState
 from optcore._src.traversal import Selector, SelectorError, leaves_with_paths, selector_mask
 from optcore._src.user_warnings import warn
+
+
+def _derives_factor_rules(opt_def: OptimizerDef) -> bool:
+  """A definition with rules of its own from logical axes (T5X's Adafactor), not one that
+  passes them to its children."""
+  return not opt_def.children() and hasattr(opt_def, "with_param_axes")
 
 
 class MultiOptimizer(OptimizerDef):
@@ -113,9 +118,10 @@ class MultiOptimizer(OptimizerDef):
     return all(opt.per_example_gradients for opt in self.sub_optimizers)
 
   def with_param_axes(self, param_logical_axes: PyTree) -> MultiOptimizer:
-    """A new MultiOptimizer whose groups that derive rules from logical axes (T5X's Adafactor:
-    ``with_param_axes``) have them from their own leaves' axes (None elsewhere); this one is
-    unchanged. One definition in two groups becomes two, each with its group's rules.
+    """A new MultiOptimizer whose definitions that derive rules from logical axes (T5X's
+    Adafactor: ``with_param_axes``), in a group or wrapped inside one (``skip_bad_steps``), have
+    them from their own leaves' axes (None elsewhere); this one is unchanged. One definition in
+    two groups becomes two, each with its group's rules.
 
     Example:
       >>> from jax.sharding import PartitionSpec as P
@@ -127,21 +133,21 @@ class MultiOptimizer(OptimizerDef):
       >>> told.sub_optimizers[0] is not told.sub_optimizers[1], shared.hyper_params.factor_map
       (True, None)
     """
-    masks = self.masks(param_logical_axes)
-    groups = tuple(
-      opt.with_param_axes(_masked(param_logical_axes, mask))
-      if hasattr(opt, "with_param_axes")
-      else opt
-      for opt, mask in zip(self.sub_optimizers, masks, strict=True)
-    )
-    if all(new is old for new, old in zip(groups, self.sub_optimizers, strict=True)):
-      return self
-    new = copy.copy(self)
-    for cached in [k for k in new.__dict__ if k.endswith("_cache")]:
-      del new.__dict__[cached]
-    new.sub_optimizers = groups
-    new.hyper_params = [opt.hyper_params for opt in groups]
+    tell = lambda d, axes: d.with_param_axes(axes) if _derives_factor_rules(d) else d
+    return definition_tree.map_definitions(tell, self, param_logical_axes)
+
+  def children(self) -> tuple[OptimizerDef, ...]:
+    return self.sub_optimizers
+
+  def with_children(self, children: tuple[OptimizerDef, ...]) -> MultiOptimizer:
+    new = self._renewed()
+    new.sub_optimizers = tuple(children)
+    new.hyper_params = [opt.hyper_params for opt in children]
     return new
+
+  def child_params(self, params: PyTree) -> list[PyTree]:
+    """Each group's own leaves (None elsewhere)."""
+    return [_masked(params, mask) for mask in self.masks(params)]
 
   def masks(self, params: PyTree, *, check: bool = False) -> list[PyTree]:
     """The boolean mask of each group.
@@ -275,8 +281,7 @@ class MultiOptimizer(OptimizerDef):
       )
 
     def update_fn(updates: PyTree, state: tuple, params: PyTree = None, **kwargs):
-      overrides, extra_args = split_update_arguments(kwargs)
-      self.update_hyper_params(**overrides)  # a name no group has is refused here
+      overrides, extra_args = optax_update_arguments(self, kwargs)
       masks = self.masks(updates if params is None else params)
       out = jax.tree.map(jnp.zeros_like, updates)
       new_states = []
@@ -371,6 +376,11 @@ class MultiOptimizer(OptimizerDef):
     ]
     first = lambda *xs: next((x for x in xs if x is not None), None)
     return jax.tree.map(first, *averages, is_leaf=lambda x: x is None)
+
+  def extra_arg_names(self) -> frozenset[str] | None:
+    """What any group reads (None when one reads whatever it is given)."""
+    names = [opt.extra_arg_names() for opt in self.sub_optimizers]
+    return None if None in names else frozenset().union(*names)
 
   def overridable_names(self) -> frozenset[str]:
     """Every name some group accepts."""

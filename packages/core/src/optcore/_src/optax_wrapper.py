@@ -23,9 +23,9 @@ import optax.contrib
 
 from optcore._src import overrides, partition_rules, paths, serialization
 from optcore._src.base import OptimizerDef
-from optcore._src.checks import check_float_params
-from optcore._src.export import boxed_like_parameters, split_update_arguments
-from optcore._src.hyper_params import HyperParams, static_key
+from optcore._src.checks import check_float_params, check_gradients
+from optcore._src.export import boxed_like_parameters, optax_update_arguments
+from optcore._src.hyper_params import HyperParams, name_hint, static_key
 from optcore._src.optimizer import OptimizerState
 
 PyTree = Any
@@ -156,6 +156,10 @@ class OptaxWrapper(OptimizerDef):
   def display_name(self) -> str:
     return self._name
 
+  def extra_arg_names(self) -> None:
+    """Any: optax's transformations use the extra arguments they read and ignore the rest."""
+    return None
+
   def overridable_names(self) -> frozenset[str]:
     """The factory's arguments and the names of wrapped definitions among them
     (``chain([optcore.adamw(...)])`` takes ``learning_rate``); none for a ready
@@ -184,17 +188,20 @@ class OptaxWrapper(OptimizerDef):
     boxed as their parameters (their sharding metadata kept), as optax's own
     ``init`` gives it; ``update`` computes on arrays either way. A
     hyper-parameter keyword of ``update`` (``learning_rate=lr``) is honoured for
-    that step, an unknown one refused; optax's extra arguments (``value``, ...)
-    reach the transformation."""
+    that step; every other keyword reaches the transformation, which uses what it
+    reads (``value``, ...) and ignores the rest, as optax's own do."""
     tx = self.optax_optimizer
 
     def init_fn(params: PyTree) -> Any:
       return boxed_like_parameters(self, tx.init(paths.unbox(params)), params)
 
     def update_fn(updates: PyTree, state: Any, params: PyTree = None, **kwargs: Any):
-      overrides, extra = split_update_arguments(kwargs)
+      overrides, extra = optax_update_arguments(self, kwargs)
       boxed, state = state, paths.unbox(state)
       updates, params = paths.unbox(updates), paths.unbox(params)
+      if params is not None:
+        updates = paths.conform(params, updates)
+        check_gradients(self, params, updates, what="updates")
       if not overrides:
         updates, new_state = optax.with_extra_args_support(tx).update(
           updates, state, params, **extra
@@ -319,7 +326,7 @@ def wrap_optax_optimizer(
     try:
       bound = signature.bind(*args, **kwargs)
     except TypeError as e:
-      raise TypeError(f"{name}(): {e}") from None
+      raise TypeError(f"{name}(): {_argument_message(e, kwargs, signature)}") from None
     bound.apply_defaults()
     return cls(optax_optimizer, bound.arguments, name=name)
 
@@ -331,6 +338,20 @@ def wrap_optax_optimizer(
   wrapped.__signature__ = signature
   wrapped.__wrapped__ = optax_optimizer
   return wrapped
+
+
+def _argument_message(error: TypeError, kwargs: Mapping[str, Any], signature: Any) -> str:
+  """``error`` of binding a factory's arguments, naming optax's keyword for one another
+  library uses (``lr`` -> ``learning_rate``)."""
+  accepted = signature.parameters
+  if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values()):
+    return str(error)
+  unknown = [k for k in kwargs if k not in accepted]
+  if not unknown:
+    return str(error)
+  noun = "argument" if len(unknown) == 1 else "arguments"
+  named = ", ".join(f"{k!r}{name_hint(k, accepted)}" for k in unknown)
+  return f"unexpected keyword {noun} {named}; it takes: {', '.join(accepted)}"
 
 
 def wrapped_names(namespace: Mapping[str, Any], source: Any) -> tuple[str, ...]:

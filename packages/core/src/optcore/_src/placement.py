@@ -162,10 +162,11 @@ def placed_like(value: Any, reference: Any, *, placed_only: bool = False) -> Any
   return jax.device_put(value, sharding)
 
 
-def keep_placement(tree: PyTree, reference: PyTree) -> PyTree:
+def keep_placement(tree: PyTree, reference: PyTree, *, placed_only: bool = True) -> PyTree:
   """``tree`` (a restored target or state) placed leaf by leaf where ``reference`` (the
   optimizer's own) was placed: a restore into a ZeRO-1 or host-memory optimizer keeps its
-  layout, as a transplant does."""
+  layout, as a transplant does. ``placed_only=False``: every leaf whose reference is a JAX
+  array becomes one where it lives (a checkpoint's NumPy arrays included)."""
   treedef = jax.tree.structure(reference)
   pairs = zip(treedef.flatten_up_to(tree), jax.tree.leaves(reference), strict=True)
-  return treedef.unflatten([placed_like(v, r, placed_only=True) for v, r in pairs])
+  return treedef.unflatten([placed_like(v, r, placed_only=placed_only) for v, r in pairs])

@@ -473,8 +473,13 @@ class StateDictMethods:
       target, state, state_dict, legacy=self.legacy_state_dicts
     )
     self.check_state_values(new_state)
-    # Where this optimizer's own arrays were placed (create_sharded's layout, host memory).
-    return placement.keep_placement(new_target, target), placement.keep_placement(new_state, state)
+    # JAX arrays where this optimizer's own were placed (create_sharded's layout, host memory),
+    # so the next eager step takes them; a legacy face gives NumPy's back as flax.optim did.
+    where = {"placed_only": self.legacy_state_dicts}
+    return (
+      placement.keep_placement(new_target, target, **where),
+      placement.keep_placement(new_state, state, **where),
+    )
 
   def check_state_values(self, state: OptimizerState, where: str = "state/param_states") -> None:
     """Raises `StateDictError` for a restored ``state`` whose structure, shapes and dtypes fit

@@ -127,7 +127,8 @@ class SkipBadSteps(StateWrapper):
       if loss is None or jnp.shape(loss) != ():
         found = "nothing" if loss is None else f"shape {jnp.shape(loss)}"
         raise TypeError(
-          f"{self!r} judges the loss: pass it, a scalar, as optax's value argument "
+          f"{self.display_name()} with watch='loss' judges the loss: pass it, a scalar, as "
+          "optax's value argument "
           "(opt.apply_gradient(grads, extra_args={'value': loss}); Equinox and Treex: "
           "extra_args={'value': loss}; NNX and as_optax(): update(..., value=loss)); found "
           f"{found}."
@@ -158,6 +159,12 @@ class SkipBadSteps(StateWrapper):
   def derive_param_states_axes(self, param_states: Any, params: PyTree, params_axes: PyTree):
     inner = self.optimizer_def.derive_param_states_axes(param_states.inner, params, params_axes)
     return SkipState(inner, PartitionSpec(None), PartitionSpec(), PartitionSpec())
+
+  def extra_arg_names(self) -> frozenset[str] | None:
+    inner = self.optimizer_def.extra_arg_names()
+    if self.watch != "loss" or inner is None:
+      return inner
+    return inner | {"value"}  # the loss the window judges
 
   def __repr__(self) -> str:
     watch = "" if self.watch == "grad_norm" else f", watch={self.watch!r}"

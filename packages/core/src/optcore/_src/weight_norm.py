@@ -77,6 +77,19 @@ class WeightNorm(OptimizerDef):
     )
     self.wrapped_optimizer = wrapped_optimizer
 
+  def extra_arg_names(self) -> frozenset[str] | None:
+    return self.wrapped_optimizer.extra_arg_names()
+
+  def children(self) -> tuple[OptimizerDef, ...]:
+    return (self.wrapped_optimizer,)
+
+  def with_children(self, children: tuple[OptimizerDef, ...]) -> OptimizerDef:
+    (inner,) = children
+    new = self._renewed()
+    new.wrapped_optimizer = inner
+    new.hyper_params = self.hyper_params.replace(inner=inner.hyper_params)
+    return new
+
   def overridable_names(self) -> frozenset[str]:
     return self.wrapped_optimizer.overridable_names() | {"wn_decay", "wn_eps"}
 

@@ -25,7 +25,6 @@ through to the wrapped definition unless a wrapper says otherwise.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, ClassVar
@@ -33,6 +32,7 @@ from typing import Any, ClassVar
 import jax
 import jax.numpy as jnp
 
+from optcore._src import definition_tree
 from optcore._src.base import OptimizerDef
 from optcore._src.hyper_params import HyperParams
 from optcore._src.optimizer import OptimizerState
@@ -104,18 +104,22 @@ class Wrapper(OptimizerDef):
   def overridable_names(self) -> frozenset[str]:
     return self.optimizer_def.overridable_names()
 
+  def extra_arg_names(self) -> frozenset[str] | None:
+    return self.optimizer_def.extra_arg_names()
+
   def update_hyper_params(self, **hyper_param_overrides: Any) -> Any:
     return self.optimizer_def.update_hyper_params(**hyper_param_overrides)
 
-  def with_param_logical_axes(self, param_logical_axes: PyTree) -> OptimizerDef:
-    inner = self.optimizer_def.with_param_logical_axes(param_logical_axes)
-    if inner is self.optimizer_def:
-      return self
-    bound = copy.copy(self)  # a new definition: this one is never changed
-    for cached in [k for k in bound.__dict__ if k.endswith("_cache")]:
-      del bound.__dict__[cached]
+  def children(self) -> tuple[OptimizerDef, ...]:
+    return (self.optimizer_def,)
+
+  def with_children(self, children: tuple[OptimizerDef, ...]) -> OptimizerDef:
+    (inner,) = children
+    bound = self._renewed()  # a new definition: this one is never changed
     bound.optimizer_def = inner
     bound.hyper_params = inner.hyper_params
+    for flag in OptimizerDef.FLAGS:
+      setattr(bound, flag, self.changes.get(flag, getattr(inner, flag)))
     return bound
 
   def _static_key(self) -> tuple:
@@ -179,14 +183,7 @@ class StateWrapper(Wrapper):
 def wrapped_chain(optimizer_def: OptimizerDef) -> list[OptimizerDef]:
   """``optimizer_def`` and every definition it wraps, however deep (``ema(accumulate(ema(
   ...)))`` has two EMAs), the groups of a MultiOptimizer included."""
-  chain, todo = [], [optimizer_def]
-  while todo:
-    current = todo.pop()
-    chain.append(current)
-    if isinstance(current, Wrapper):
-      todo.append(current.optimizer_def)
-    todo.extend(getattr(current, "sub_optimizers", ()))
-  return chain
+  return list(definition_tree.iter_definitions(optimizer_def))
 
 
 def map_optimizer_leaves(fn: Any, tree: PyTree, *rest: PyTree) -> PyTree:

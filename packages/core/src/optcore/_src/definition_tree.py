@@ -1,0 +1,60 @@
+"""The one walk over a tree of definitions: a wrapper's wrapped definition, a `MultiOptimizer`'s
+groups, flax.optim's `WeightNorm`'s wrapped optimizer are a definition's children.
+
+Each definition declares its children (`OptimizerDef.children`), how to make a copy of itself
+with others (`OptimizerDef.with_children`), and which part of the parameters each child sees
+(`OptimizerDef.child_params`: a group its own leaves). Every walk goes through this module, so
+a wrapper anywhere in the tree is seen by every walk: binding logical axes, T5X's factor rules,
+a face's selectors, finding a wrapper for a read-out.
+
+Example:
+  >>> import optcore
+  >>> from optcore._src import definition_tree
+  >>> groups = optcore.MultiOptimizer(('w', optcore.sgd(0.1)), ('b', optcore.adam(0.1)))
+  >>> opt_def = optcore.ema(groups)
+  >>> [d.display_name() for d in definition_tree.iter_definitions(opt_def)]
+  ['ema(MultiOptimizer)', 'MultiOptimizer', 'sgd', 'adam']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+PyTree = Any
+T = TypeVar("T")
+
+
+def iter_definitions(opt_def: Any) -> Iterator[Any]:
+  """``opt_def`` and every definition below it, parents before their children, in order."""
+  yield opt_def
+  for child in opt_def.children():
+    yield from iter_definitions(child)
+
+
+def find_all(opt_def: Any, kind: type[T] | tuple[type, ...]) -> list[T]:
+  """Every definition of type ``kind`` in ``opt_def``'s tree, parents first."""
+  return [d for d in iter_definitions(opt_def) if isinstance(d, kind)]
+
+
+def map_definitions(fn: Callable[[Any, PyTree], Any], opt_def: Any, params: PyTree = None) -> Any:
+  """``opt_def`` rebuilt from the leaves up: each definition's children are mapped first (each
+  with its part of ``params``, `OptimizerDef.child_params`), then ``fn(definition, params)``
+  gives its replacement. A definition whose children and ``fn`` change nothing is returned as
+  it is (the same object), so an unchanged tree stays one definition for ``jax.jit``.
+
+  Args:
+    fn: ``(definition, params) -> definition``; return the definition itself to keep it.
+    opt_def: the root.
+    params: what the root sees (logical axes, a mask, the parameters), or None.
+
+  Returns:
+    The new root, or ``opt_def`` where nothing changed.
+  """
+  children = opt_def.children()
+  if children:
+    parts = opt_def.child_params(params) if params is not None else [None] * len(children)
+    new = tuple(map_definitions(fn, c, p) for c, p in zip(children, parts, strict=True))
+    if any(n is not c for n, c in zip(new, children, strict=True)):
+      opt_def = opt_def.with_children(new)
+  return fn(opt_def, params)

@@ -1,0 +1,80 @@
+"""The one walk over a tree of definitions (`optcore.adapter.map_definitions`): a wrapper or a
+group anywhere in the tree is seen by every walk that goes through it, and a walk that changes
+nothing gives the same definition back (one program for ``jax.jit``)."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import optcore
+from optcore import adapter
+
+AXES = {"w": P("layers", "embed", "mlp"), "b": P("mlp")}
+PARAMS = {"w": jnp.ones((2, 4, 3)), "b": jnp.ones(3)}
+
+
+def test_every_definition_of_the_tree_in_order():
+  groups = optcore.MultiOptimizer(
+    ("w", optcore.ema(optcore.sgd(0.1), 0.9)), ("b", optcore.adam(0.1))
+  )
+  names = [d.display_name() for d in adapter.iter_definitions(optcore.accumulate(groups, 2))]
+  assert names == ["accumulate(MultiOptimizer)", "MultiOptimizer", "ema(sgd)", "sgd", "adam"]
+
+
+def test_a_walk_that_changes_nothing_gives_the_same_definition():
+  opt_def = optcore.skip_bad_steps(optcore.MultiOptimizer(("w", optcore.sgd(0.1))))
+  assert adapter.map_definitions(lambda d, _: d, opt_def) is opt_def
+  assert opt_def.with_param_logical_axes(AXES) is opt_def  # nothing in it reads axes
+
+
+@pytest.mark.parametrize(
+  "wrap",
+  [lambda d: d, optcore.skip_bad_steps, lambda d: optcore.ema(d, 0.9), optcore.with_statistics],
+  ids=["bare", "skip_bad_steps", "ema", "with_statistics"],
+)
+def test_t5x_factor_rules_reach_an_adafactor_inside_a_wrapper_inside_a_group(wrap):
+  """MultiOptimizer.with_param_axes (T5X's set_param_axes) once reached a group's Adafactor only
+  when the group was the Adafactor itself."""
+  multi = optcore.MultiOptimizer(("w", wrap(optcore.t5x.Adafactor(0.1))), ("b", optcore.sgd(0.1)))
+  told = multi.with_param_axes(AXES)
+  (adafactor,) = [d for d in adapter.iter_definitions(told) if isinstance(d, optcore.t5x.Adafactor)]
+  factor = optcore.t5x.FactorDim
+  assert adafactor.hyper_params.factor_map["w"] == (factor.BATCH, factor.ROW, factor.COLUMN)
+  untold = [d for d in adapter.iter_definitions(multi) if isinstance(d, optcore.t5x.Adafactor)]
+  assert untold[0].hyper_params.factor_map is None  # the definition given is unchanged
+  state = told.create(PARAMS).state
+  v_row = [x for x in jax_leaves_named(state, "v_row")]
+  assert [np.shape(x) for x in v_row] == [(2, 4)]  # layers kept, embed the row
+
+
+def jax_leaves_named(tree, name):
+  import jax
+
+  keyed, _ = jax.tree_util.tree_flatten_with_path(tree)
+  return [leaf for keys, leaf in keyed if any(getattr(k, "name", None) == name for k in keys)]
+
+
+def test_logical_axes_reach_muon_inside_a_wrapped_group():
+  """create_sharded's axes reach a Muon wherever it sits: here inside ema, in one group of a
+  MultiOptimizer, the group seeing its own leaves' axes."""
+  params = {"w": jnp.ones((2, 4, 3)), "b": jnp.ones(3)}
+  muon = optcore.contrib.muon(0.02)
+  opt_def = optcore.ema(optcore.MultiOptimizer(("w", muon), ("b", optcore.sgd(0.1))), 0.9)
+  told = opt_def.with_param_logical_axes(AXES)
+  (bound,) = [d for d in adapter.iter_definitions(told) if d.display_name() == "contrib.muon"]
+  assert bound.hyper_params.param_logical_axes == {"w": P("layers", "embed", "mlp"), "b": None}
+  assert muon.hyper_params.param_logical_axes is None
+  explicit = optcore.ema(
+    optcore.MultiOptimizer(
+      ("w", optcore.contrib.muon(0.02, param_logical_axes={"w": AXES["w"], "b": None})),
+      ("b", optcore.sgd(0.1)),
+    ),
+    0.9,
+  )
+  grads = {"w": jnp.arange(24.0).reshape(2, 4, 3) / 24, "b": jnp.ones(3)}
+  got = told.create(params).apply_gradient(grads).target
+  want = explicit.create(params).apply_gradient(grads).target
+  np.testing.assert_array_equal(got["w"], want["w"])
