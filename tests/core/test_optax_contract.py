@@ -113,3 +113,19 @@ def test_a_definition_that_reads_no_extra_argument_is_given_none():
   opt = optcore.legacy.Momentum(0.1).create(PARAMS)
   with pytest.raises(TypeError, match="takes no extra update arguments"):
     opt.apply_gradient(grads, extra_args={"value": 1.0})
+
+
+def test_optcore_holds_the_optax_factories_it_wrapped(monkeypatch):
+  """optax's own suite run against optcore rebinds optax.contrib.muon to optcore's: optcore's
+  muon called the module attribute and recursed; it holds the factory it wrapped at import."""
+  import optax.contrib
+
+  def rebound(*args, **kwargs):
+    raise AssertionError("optcore reached the rebound optax.contrib.muon")
+
+  monkeypatch.setattr(optax.contrib, "muon", rebound)
+  monkeypatch.setattr(optax, "adam", rebound)
+  tx = optcore.contrib.muon(0.01).as_optax()
+  params = {"w": jnp.ones((3, 4))}
+  tx.update(params, tx.init(params), params)
+  optcore.adam(0.1).create(params)

@@ -42,6 +42,9 @@ from optcore._src import paths
 from optcore._src.partition_rules import PartitionRuleError
 
 PyTree = Any
+# optax's muon as it was at import, as every optcore alias holds the factory it wrapped: a later
+# rebinding of optax.contrib.muon (optax's own suite run against optcore) must not reach here.
+_OPTAX_MUON = optax_contrib.muon
 
 #: The default rule table of `optcore.contrib.muon`: logical axis name -> "matrix",
 #: "batch" or "adam" (see `muon_dimension_numbers`).
@@ -292,7 +295,7 @@ def _muon_with_axes(
     kwargs["muon_weight_dimension_numbers"] = muon_dimension_numbers_fn(
       param_logical_axes, matrix_rules
     )
-  return optax_contrib.muon(*args, **kwargs)
+  return _OPTAX_MUON(*args, **kwargs)
 
 
 def _signature() -> inspect.Signature:
