@@ -14,7 +14,7 @@ import collections
 import functools
 import inspect
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, ParamSpec
 
 import jax
 import jax.numpy as jnp
@@ -277,12 +277,15 @@ ELEMENTWISE_OPTAX = tuple(
 )
 
 
+_Arguments = ParamSpec("_Arguments")
+
+
 def wrap_optax_optimizer(
-  optax_optimizer: Callable[..., Any],
+  optax_optimizer: Callable[_Arguments, Any],
   name: str | None = None,
   *,
   definition_class: type[OptaxWrapper] | None = None,
-) -> Callable[..., OptaxWrapper]:
+) -> Callable[_Arguments, OptaxWrapper]:
   """Turns an optax optimizer factory into an `OptaxWrapper` factory.
 
   The result takes the same arguments; they become the hyper-parameters, and
@@ -335,7 +338,8 @@ def wrap_optax_optimizer(
   except AttributeError:  # functools.partial objects have no __name__
     wrapped.__doc__ = getattr(optax_optimizer, "__doc__", None)
   wrapped.__name__ = wrapped.__qualname__ = name.rsplit(".", 1)[-1]
-  wrapped.__signature__ = signature
+  # optax's arguments, and what the factory returns: a definition (optax's says a transformation)
+  wrapped.__signature__ = signature.replace(return_annotation=cls)
   wrapped.__wrapped__ = optax_optimizer
   return wrapped
 
