@@ -78,3 +78,13 @@ def test_logical_axes_reach_muon_inside_a_wrapped_group():
   got = told.create(params).apply_gradient(grads).target
   want = explicit.create(params).apply_gradient(grads).target
   np.testing.assert_array_equal(got["w"], want["w"])
+
+
+def test_a_tree_where_nothing_reads_axes_never_runs_its_selectors_on_them():
+  """create_sharded tells the definition the parameters' logical axes; a MultiOptimizer whose
+  selectors read the parameters' values (x.ndim) would be handed PartitionSpecs if the walk ran
+  where no definition reads axes."""
+  multi = optcore.MultiOptimizer(
+    (lambda path, x: x.ndim > 1, optcore.adam(0.1)), (lambda path, x: x.ndim <= 1, optcore.sgd(0.1))
+  )
+  assert multi.with_param_logical_axes(AXES) is multi

@@ -281,13 +281,19 @@ class OptimizerDef(
     it with its axes. A definition that reads none, or has its own, is
     returned as it is; one with children (a wrapper, a `MultiOptimizer`) tells
     each of them its part, however deep (`definition_tree`)."""
-    if not self.children():
+    readers = (d.reads_param_logical_axes() for d in definition_tree.iter_definitions(self))
+    if not self.children() or not any(readers):  # no group's selector is run on the axes then
       return self
     return definition_tree.map_definitions(
       lambda d, axes: d if d.children() else d.with_param_logical_axes(axes),
       self,
       param_logical_axes,
     )
+
+  def reads_param_logical_axes(self) -> bool:
+    """Whether `with_param_logical_axes` would change this definition itself (not its
+    children): one that derives something from the axes and has none of its own."""
+    return False
 
   # The tree of definitions (`definition_tree` walks it; nothing else does).
 

@@ -108,11 +108,13 @@ class OptaxWrapper(OptimizerDef):
     """This definition with other hyper-parameter values (traced ones included)."""
     return type(self)(self._factory, hyper_params, name=self._name)
 
+  def reads_param_logical_axes(self) -> bool:
+    # muon, soap, shampoo: their matrix dimensions from the axes, unless given their own
+    return self.hyper_params.get("param_logical_axes", False) is None
+
   def with_param_logical_axes(self, param_logical_axes: PyTree) -> OptaxWrapper:
-    if "param_logical_axes" not in self.hyper_params:
-      return self
-    if self.hyper_params["param_logical_axes"] is not None:
-      return self  # its own axes win
+    if not self.reads_param_logical_axes():
+      return self  # no such argument, or its own axes win
     return self.with_hyper_params(self.hyper_params.replace(param_logical_axes=param_logical_axes))
 
   def init_state(self, params: PyTree) -> OptimizerState:
