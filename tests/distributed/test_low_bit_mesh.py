@@ -97,3 +97,24 @@ def test_a_memory_kind_per_pattern_is_checked_and_named(mesh):
   assert isinstance(shardings["nu"]["w"], NamedSharding)
   assert shardings["nu"]["w"].memory_kind == "pinned_host"
   assert shardings["mu"]["w"].memory_kind in (None, "device")
+
+
+def test_read_outs_of_quantized_state_in_host_memory_come_back_on_the_device(mesh):
+  """dequantize_state and ema_params of low-bit state kept in pinned host memory ended in a bare
+  JAX error (the gather of codes in host memory from a map on the device); they read it on the
+  device and give the values of the same state kept on the device."""
+  opt_def = optcore.low_bit_state(optcore.ema(optcore.adam(1e-2), 0.9))
+  on_host = opt_def.create_sharded(PARAMS, None, mesh, state_memory_kind="pinned_host")
+  on_device = opt_def.create_sharded(PARAMS, None, mesh)
+  codes = jax.tree.leaves(on_host.state, is_leaf=lambda x: isinstance(x, optcore.QuantizedArray))
+  assert any(getattr(x, "codes", x).sharding.memory_kind == "pinned_host" for x in codes)
+  for got, want in zip(
+    jax.tree.leaves(optcore.dequantize_state(on_host.state)),
+    jax.tree.leaves(optcore.dequantize_state(on_device.state)),
+    strict=True,
+  ):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+  average = on_host.ema_params
+  for name in PARAMS:
+    assert average[name].sharding.memory_kind == "device"
+    np.testing.assert_array_equal(np.asarray(average[name]), np.asarray(on_device.ema_params[name]))

@@ -25,6 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from optcore._src import placement
+
 #: The default block sizes: bitsandbytes' 8-bit optimizers and torchao's 4-bit ones.
 DEFAULT_BLOCK_SIZE = {8: 256, 4: 128}
 
@@ -342,12 +344,13 @@ class QuantizedArray:
     )
 
   def dequantize(self) -> jax.Array:
-    """The float values back: each code's map value times its block's scale, in ``dtype``."""
-    codes = self.codes
+    """The float values back: each code's map value times its block's scale, in ``dtype``, on
+    the device (codes kept in host memory are read there: the map is a device constant)."""
+    (codes, scales), _ = placement.to_device((self.codes, self.scales))
     if self.bits == 4:
       codes = jnp.stack([codes >> 4, codes & 0xF], axis=-1).reshape(*codes.shape[:-1], -1)
     table = jnp.asarray(quantization_map(self.bits, self.signed))
-    blocks = _lookup(table, codes) * self.scales[..., None]
+    blocks = _lookup(table, codes) * scales[..., None]
     _, rowwise = layout(self.shape, self.bits, self.block_size)
     if rowwise:
       values = blocks.reshape(self.shape)
