@@ -116,3 +116,29 @@ def test_a_memory_kind_pattern_that_matches_no_state_leaf_says_so(mesh):
     params, None, mesh, state_memory_kind={"/nu/": "pinned_host"}
   )
   assert opt.state.param_states[0].nu["w"].sharding.memory_kind == "pinned_host"
+
+
+@pytest.mark.parametrize(
+  "wrap",
+  [lambda d: d, optcore.low_bit_state, lambda d: optcore.ema(d, 0.9)],
+  ids=["bare", "low_bit", "ema"],
+)
+def test_one_pattern_names_one_leaf_to_states_and_to_state_memory_kind(mesh, wrap):
+  """'^0/nu/' is adam's second moment to low_bit_state's states= and to state_memory_kind alike,
+  under any wrapper: the memory kind read 'param_states/inner/0/nu/w' and matched nothing."""
+  params = {"w": jnp.ones((64, 128))}
+  opt = wrap(optcore.adam(1e-2)).create_sharded(
+    params, None, mesh, state_memory_kind={"^0/nu/": "pinned_host"}
+  )
+  kinds = {
+    jax.tree_util.keystr(keys): leaf.sharding.memory_kind
+    for keys, leaf in jax.tree_util.tree_flatten_with_path(opt.state.param_states)[0]
+    if jnp.ndim(leaf)
+  }
+  host = sorted(k for k, kind in kinds.items() if kind == "pinned_host")
+  assert host and all(".nu[" in k for k in host), kinds
+  picked = optcore.low_bit_state(optcore.ema(optcore.adam(1e-2), 0.9), states="^0/nu/")
+  quantized = jax.tree.leaves(
+    picked.create(params).state, is_leaf=lambda x: isinstance(x, optcore.QuantizedArray)
+  )
+  assert sum(isinstance(x, optcore.QuantizedArray) for x in quantized) == 1

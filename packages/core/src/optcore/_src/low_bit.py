@@ -3,7 +3,6 @@ between steps (one wrapper of the wrapper protocol, `optcore._src.wrapper`)."""
 
 from __future__ import annotations
 
-import re
 from types import MappingProxyType
 from typing import Any, ClassVar, NamedTuple
 
@@ -127,7 +126,7 @@ class LowBitStateDef(StateWrapper):
       return False
     if self.states is None:  # moments only: a copy of the parameters or a basis stays as it is
       return not set(_field_names(keys)) & NOT_MOMENTS
-    return re.search(self.states, state_path(keys)) is not None
+    return paths.state_path_search(self.states, keys)
 
   def warn_if_nothing_chosen(self, param_states: PyTree) -> None:
     """Warns, saying why, where no leaf of the wrapped definition's state is chosen: then
@@ -144,7 +143,9 @@ class LowBitStateDef(StateWrapper):
     if not leaves:
       why = "the wrapped definition keeps no floating-point state to quantize"
       fix = "drop low_bit_state, or wrap an optimizer with moments (adam, ...)"
-    elif self.states is not None and not any(re.search(self.states, p) for p, _ in leaves):
+    elif self.states is not None and not any(
+      paths.state_path_search(self.states, keys) for keys, _ in keyed
+    ):
       shown = ", ".join(repr(p) for p, _ in leaves[:6]) + (", ..." if len(leaves) > 6 else "")
       why = f"states={self.states!r} matches no state leaf; the state's paths are {shown}"
       fix = "pass a pattern that one of them matches"

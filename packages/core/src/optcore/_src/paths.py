@@ -13,6 +13,7 @@ adapters register their framework's types; the core imports none.
 from __future__ import annotations
 
 import functools
+import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -59,6 +60,20 @@ def key_name(key: KeyEntry) -> str:
 def path_str(keys: Sequence[KeyEntry], sep: str = "/") -> str:
   """``'/a/b/0'`` for the key path ``['a'].b[0]``; ``'/'`` for the root."""
   return sep + sep.join(key_name(k) for k in keys)
+
+
+def state_path_search(pattern: str, keys: Sequence[KeyEntry]) -> bool:
+  """Whether ``pattern`` (a regex of `low_bit_state`'s ``states=`` or of ``state_memory_kind``)
+  finds the state leaf at ``keys``: searched in its path as written (``param_states/inner/0/nu/w``)
+  and in the algorithm's own spelling, without the ``param_states`` level and a wrapper's
+  ``inner`` levels (``0/nu/w``: adam's second moment of ``w`` under any wrapper), so one pattern
+  means one leaf to both options."""
+  written = path_str(keys)[1:]
+  parts = [key_name(k) for k in keys]
+  if parts[:1] == ["param_states"]:
+    parts = parts[1:]
+  own = "/".join(p for p in parts if p != "inner")
+  return re.search(pattern, written) is not None or re.search(pattern, own) is not None
 
 
 def children_with_keys(node: Any) -> tuple[list[tuple[KeyEntry, Any]], Any] | None:

@@ -15,7 +15,6 @@ or passed through another face stays where it was put.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -85,24 +84,24 @@ def with_memory_kind(state: PyTree, shardings: PyTree, mesh: Mesh, memory_kind: 
     check_memory_kind(mesh, kind)
   keyed, treedef = jax.tree_util.tree_flatten_with_path(state)
 
-  def kind_of(keys: tuple) -> str | None:
-    path = paths.path_str(keys)[1:]  # as low_bit_state's states= reads it: 'param_states/...'
-    return next((kind for pattern, kind in rules if re.search(pattern, path)), None)
+  def kind_of(keys: tuple) -> str | None:  # read as low_bit_state's states= reads a path
+    return next((kind for pattern, kind in rules if paths.state_path_search(pattern, keys)), None)
 
   placed = []
   for (keys, leaf), named in zip(keyed, treedef.flatten_up_to(shardings), strict=True):
     kind = kind_of(keys) if jax.numpy.ndim(leaf) else None
     placed.append(named if kind is None else named.with_memory_kind(kind))
-  _warn_unmatched(rules, [paths.path_str(keys)[1:] for keys, leaf in keyed if jax.numpy.ndim(leaf)])
+  _warn_unmatched(rules, [keys for keys, leaf in keyed if jax.numpy.ndim(leaf)])
   return treedef.unflatten(placed)
 
 
-def _warn_unmatched(rules: Any, placeable: list[str]) -> None:
+def _warn_unmatched(rules: Any, placeable: list[tuple]) -> None:
   """Warns for each ``(pattern, kind)`` of ``state_memory_kind`` that finds no state leaf
   (scalars stay on the device): such a pattern places nothing and would say nothing."""
   for pattern, kind in rules:
-    if not any(re.search(pattern, path) for path in placeable):
-      shown = ", ".join(repr(p) for p in placeable[:6]) + (", ..." if len(placeable) > 6 else "")
+    if not any(paths.state_path_search(pattern, keys) for keys in placeable):
+      written = [paths.path_str(keys)[1:] for keys in placeable[:6]]
+      shown = ", ".join(map(repr, written)) + (", ..." if len(placeable) > 6 else "")
       shown = shown or "(none: scalars stay on the device)"
       warn(
         f"state_memory_kind: the pattern {pattern!r} (-> {kind!r}) matches no state leaf, so "
