@@ -345,3 +345,17 @@ def test_wrong_override_values_are_refused_by_name(apply_updates):
 def test_integer_parameters_are_refused_at_init_by_path():
   with pytest.raises(TypeError, match=r"parameter at '/step' has dtype int32"):
     Optimizer(optax.adam(1e-2)).init({"w": jnp.ones(2), "step": jnp.asarray(0)})
+
+
+def test_the_step_is_the_number_of_updates_whichever_count_comes_first():
+  """An optax chain whose first count cycles (apply_every's 0, 1, 0, ...): the face read it as
+  the step; the core's one rule (optcore.adapter.step_count) reads adam's."""
+  import optax
+
+  params = {"w": jnp.ones(2)}
+  optimizer = optcore_treex.Optimizer(optax.chain(optax.apply_every(2), optax.adam(0.1)))
+  optimizer = optimizer.init(params)
+  for _ in range(3):
+    params = optimizer.update({"w": jnp.ones(2)}, params)
+  assert int(optimizer.state_dict()["state"]["step"]) == 3
+  assert int(optimizer.state.step) == 3

@@ -31,6 +31,7 @@ same errors, and writes the same state dicts.
 - `map_definitions` / `iter_definitions`: the one walk over a tree of definitions (a wrapper's
   wrapped definition, a `MultiOptimizer`'s groups), for a face that translates its own
   selectors or settings wherever they sit.
+- `step_count`: the number of updates a state has taken, by one rule in every face.
 - `warn`: a warning attributed to the user's line, whatever path led to it.
 - `fill_unaveraged`: a definition's ``ema_params`` with the parameters no
   `MultiOptimizer` group averages filled in from the parameters.
@@ -50,6 +51,7 @@ Example:
   (Array([0.5, 0.5], dtype=float32), ['param_states', 'step'])
 """
 
+from optcore._src.base import step_count as step_count
 from optcore._src.definition_tree import iter_definitions as iter_definitions
 from optcore._src.definition_tree import map_definitions as map_definitions
 from optcore._src.export import optax_update_arguments as optax_update_arguments
@@ -80,6 +82,7 @@ __all__ = [
   "state_logical_axes",
   "state_shardings",
   "step",
+  "step_count",
   "transplant_state",
   "warn",
 ]

@@ -7,8 +7,6 @@ from collections.abc import Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
-import optax
-import optax.tree_utils
 import treeo as to
 from jax.sharding import Mesh
 
@@ -470,8 +468,7 @@ class Optimizer(to.Tree):
   def _step(self) -> jax.Array | None:
     if self.step is not None:
       return self.step
-    counts = optax.tree_utils.tree_get_all_with_path(self.opt_state, "count")
-    return counts[0][1] if counts else None
+    return adapter.step_count(self.opt_state)  # the core's one rule for every face
 
   def _check_initialized(self) -> None:
     if not self.initialized:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -478,20 +479,46 @@ class OptimizerDef(
     return f"{type(self).__name__}({inner})"
 
 
-def _step_of(optimizer_def: OptimizerDef, state: Any) -> Any:
-  """The step count of ``state``: an `OptimizerState`'s, or for the raw optax
-  state a wrapped optax definition's ``as_optax()`` keeps, optax's ``count``."""
+def step_count(state: Any) -> Any:
+  """The number of updates a state has taken, by one rule for every face: an `OptimizerState`'s
+  step; else, for the raw optax state of a wrapped optax definition (an ``as_optax()`` state, a
+  Treex optimizer's), the count of its schedule's own ``scale_by_schedule``, else the largest
+  of its ``count`` leaves (one that cycles, as ``apply_every``'s 0, 1, 0, ..., is never the
+  largest); None where it keeps no count (plain sgd).
+
+  Args:
+    state: an `OptimizerState` or an optax state.
+
+  Returns:
+    A scalar integer array, or None.
+
+  Example:
+    >>> import jax.numpy as jnp, optax
+    >>> from optcore import adapter
+    >>> tx = optax.chain(optax.apply_every(2), optax.adam(0.1))
+    >>> state, params = tx.init({'w': jnp.ones(2)}), {'w': jnp.ones(2)}
+    >>> for _ in range(3):
+    ...   _, state = tx.update(params, state, params)
+    >>> int(adapter.step_count(state))
+    3
+  """
   if isinstance(state, OptimizerState):
     return state.step
-  # The count a schedule is evaluated at is the one its own scale_by_schedule keeps: the first
-  # count of the state may be another transformation's (apply_every's cycles 0, 1, 0, ...).
   is_scheduled = lambda x: isinstance(x, optax.ScaleByScheduleState)
   scheduled = [x for x in jax.tree.leaves(state, is_leaf=is_scheduled) if is_scheduled(x)]
   if scheduled:
     return scheduled[0].count
-  counts = optax.tree_utils.tree_get_all_with_path(state, "count")
-  if counts:
-    return counts[0][1]
+  counts = [c for _, c in optax.tree_utils.tree_get_all_with_path(state, "count")]
+  if not counts:
+    return None
+  return functools.reduce(jnp.maximum, counts[1:], counts[0])
+
+
+def _step_of(optimizer_def: OptimizerDef, state: Any) -> Any:
+  """`step_count` of ``state``, or zero for a definition of constants only."""
+  step = step_count(state)
+  if step is not None:
+    return step
   if not _has_schedule(optimizer_def.hyper_params):
     return jnp.zeros((), jnp.int32)  # constants only: no step to read (sgd's state is empty)
   raise TypeError(
