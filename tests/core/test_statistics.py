@@ -133,3 +133,18 @@ def test_a_depth_past_the_deepest_path_gives_one_group_per_parameter():
   stats = optcore.statistics(STEP(opt, grads(0, opt.target)))
   names = {k.rsplit("/", 1)[0] for k in stats} - {"global"}
   assert names == {p.lstrip("/") for p, _ in optcore.leaves_with_paths(params())[0]}
+
+
+def test_statistics_in_two_groups_are_each_under_their_group():
+  """with_statistics inside two MultiOptimizer groups: the global/* keys of one overwrote the
+  other's; each group's lines are under its index, as current_hyper_params names groups."""
+  multi = optcore.MultiOptimizer(
+    ("w", optcore.with_statistics(optcore.sgd(0.1))),
+    ("b", optcore.with_statistics(optcore.adam(0.1))),
+  )
+  params = {"w": jnp.ones(4), "b": jnp.ones(2)}
+  opt = multi.create(params).apply_gradient({"w": jnp.ones(4), "b": jnp.ones(2)})
+  stats = optcore.statistics(opt)
+  assert float(stats["0/global/grad_norm"]) == 2.0  # four ones
+  assert float(stats["1/global/grad_norm"]) == pytest.approx(2.0**0.5)  # two ones
+  assert "global/grad_norm" not in stats

@@ -179,6 +179,19 @@ def instances_in(tree: Any, cls: type | tuple[type, ...]) -> list[Any]:
   return [x for x in jax.tree.leaves(tree, is_leaf=found) if found(x)]
 
 
+def instances_with_paths(tree: Any, cls: type | tuple[type, ...]) -> list[tuple[str, Any]]:
+  """`instances_in` with where each sits, in the algorithm's own spelling (no ``param_states``
+  level, no wrapper's ``inner`` levels): ``'0'`` for a `MultiOptimizer`'s first group."""
+  found = lambda x: isinstance(x, cls)
+  keyed, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=found)
+  out = []
+  for keys, node in keyed:
+    if found(node):
+      names = [key_name(k) for k in keys]
+      out.append(("/".join(n for n in names if n not in ("param_states", "inner")), node))
+  return out
+
+
 def unbox(tree: Any) -> Any:
   """``tree`` with every registered single-array wrapper (an nnx Variable)
   replaced by its array; wrappers of whole subtrees (a treeo Tree) stay.

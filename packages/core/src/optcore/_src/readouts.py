@@ -194,7 +194,8 @@ def statistics(optimizer: Any, *, optimizer_def: OptimizerDef | None = None) -> 
   """The last step's per-group norms that an `optcore.with_statistics` keeps, as a flat dict of
   float32 scalars for any logger: ``'{group}/grad_norm'``, ``'{group}/update_norm'``,
   ``'{group}/param_norm'`` (after the update) and ``'{group}/update_ratio'`` for each group and
-  for ``'global'``.
+  for ``'global'``; with a `with_statistics` in several `MultiOptimizer` groups, each group's
+  under its index (``'0/global/grad_norm'``).
 
   Args:
     optimizer: an optimizer of any face, or a state (``opt.state``, the ``opt_state`` of
@@ -217,15 +218,17 @@ def statistics(optimizer: Any, *, optimizer_def: OptimizerDef | None = None) -> 
     (['global/grad_norm', 'global/param_norm', 'global/update_norm', 'global/update_ratio'], 2.0)
   """
   opt_def, state, _ = _source(optimizer, optimizer_def, "statistics")
-  found = paths.instances_in(state, StatisticsState)
+  found = paths.instances_with_paths(state, StatisticsState)
   if not found:
     raise TypeError(
       f"optcore.statistics: {opt_def.display_name()} keeps no statistics; wrap it: "
       "optcore.with_statistics(opt_def, groups=...)."
     )
   out: dict[str, Any] = {}
-  for kept in found:
-    out.update(as_flat_dict(kept.values))
+  for where, kept in found:
+    # several (one per MultiOptimizer group): each under its group, '0/global/grad_norm'
+    prefix = f"{where}/" if len(found) > 1 and where else ""
+    out.update({prefix + k: v for k, v in as_flat_dict(kept.values).items()})
   return out
 
 
