@@ -348,3 +348,47 @@ def test_a_checkpoint_of_numpy_arrays_restores_as_jax_arrays_and_the_next_step_r
   twin.update(twin_model, grads_of(twin_model))
   for got, want in zip(arrays(twin_model), arrays(model), strict=True):
     np.testing.assert_array_equal(got, want)
+
+
+class LoRAModel(nnx.Module):
+  def __init__(self, rngs):
+    self.base = nnx.Linear(3, 3, rngs=rngs)
+    self.lora = nnx.LoRA(3, 2, 3, rngs=rngs)
+
+  def __call__(self, x):
+    return self.base(x) + self.lora(x)
+
+
+@pytest.mark.parametrize(
+  "wrap",
+  [
+    lambda d: optcore.ema(d, 0.9),
+    lambda d: optcore.accumulate(d, 2),
+    optcore.skip_bad_steps,
+    optcore.with_statistics,
+  ],
+  ids=["ema", "accumulate", "skip_bad_steps", "with_statistics"],
+)
+def test_a_wrapper_around_groups_chosen_by_nnx_filters_trains_as_groups_chosen_by_path(wrap):
+  """ema, accumulate, skip_bad_steps or with_statistics around a MultiOptimizer whose selectors
+  are nnx filters crashed inside the face (its walk only entered a bare MultiOptimizer); they
+  give the numbers of the same groups chosen by path."""
+  trained = nnx.Any(nnx.Param, nnx.LoRAParam)
+  by_filter = optcore.MultiOptimizer(
+    (nnx.LoRAParam, optcore.adam(1e-2)),
+    (nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam)), optcore.sgd(0.1)),
+  )
+  by_path = optcore.MultiOptimizer((r"^/lora/", optcore.adam(1e-2)), (r"^/base/", optcore.sgd(0.1)))
+  models = [LoRAModel(nnx.Rngs(0)) for _ in range(2)]
+  optimizers = [
+    ocnnx.Optimizer(m, wrap(d), wrt=trained)
+    for m, d in zip(models, (by_filter, by_path), strict=True)
+  ]
+  x = jnp.linspace(-1.0, 1.0, 6).reshape(2, 3)
+  for _ in range(2):
+    for model, optimizer in zip(models, optimizers, strict=True):
+      grads = nnx.grad(lambda m: jnp.sum(m(x) ** 2), argnums=nnx.DiffState(0, trained))(model)
+      optimizer.update(model, grads)
+  got, want = (jax.tree.leaves(nnx.as_pure(nnx.state(m, trained))) for m in models)
+  for a, b in zip(got, want, strict=True):
+    np.testing.assert_array_equal(a, b)
