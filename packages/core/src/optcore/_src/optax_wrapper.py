@@ -341,9 +341,38 @@ def wrap_optax_optimizer(
     wrapped.__doc__ = getattr(optax_optimizer, "__doc__", None)
   wrapped.__name__ = wrapped.__qualname__ = name.rsplit(".", 1)[-1]
   # optax's arguments, and what the factory returns: a definition (optax's says a transformation)
-  wrapped.__signature__ = signature.replace(return_annotation=cls)
+  wrapped.__signature__ = _readable(signature).replace(return_annotation=cls)
   wrapped.__wrapped__ = optax_optimizer
   return wrapped
+
+
+@functools.cache
+def _type_aliases() -> tuple[tuple[Any, str], ...]:
+  """optax's type aliases, each with its name: a signature shows ``jax.typing.ArrayLike``, not the
+  union it stands for (``jax.Array | numpy.ndarray | numpy.bool | ...``)."""
+  from optax._src import base as optax_base
+
+  found = [(jax.typing.ArrayLike, "jax.typing.ArrayLike")]
+  for name, value in vars(optax_base).items():
+    if name[:1].isupper() and not isinstance(value, type) and hasattr(optax, name):
+      found.append((value, f"optax.{name}"))
+  return tuple(found)
+
+
+def _readable(signature: inspect.Signature) -> inspect.Signature:
+  """``signature`` with each annotation that is one of optax's type aliases shown by its name."""
+
+  def named(annotation: Any) -> Any:
+    for alias, name in _type_aliases():
+      try:
+        if annotation == alias:
+          return name
+      except Exception:  # an annotation that cannot be compared is shown as it is
+        continue
+    return annotation
+
+  parameters = [p.replace(annotation=named(p.annotation)) for p in signature.parameters.values()]
+  return signature.replace(parameters=parameters)
 
 
 def _argument_message(error: TypeError, kwargs: Mapping[str, Any], signature: Any) -> str:
