@@ -107,9 +107,9 @@ def test_wrapped_factories_keep_optax_signature_and_docstring():
     shape = lambda sig: [(p.name, p.kind, p.default) for p in sig.parameters.values()]
     assert shape(ours) == shape(theirs), name  # annotations show optax's aliases by name
     assert ours.return_annotation is optcore.OptaxWrapper, name  # a definition, with .create
-  assert str(inspect.signature(optcore.adam).parameters["b1"]) == "b1: 'jax.typing.ArrayLike' = 0.9"
     assert wrapped.__doc__ == original.__doc__, name
     assert wrapped.__name__ == name
+  assert str(inspect.signature(optcore.adam).parameters["b1"]) == "b1: 'jax.typing.ArrayLike' = 0.9"
 
 
 def test_optcore_adafactor_is_optax_alias_and_t5x_adafactor_lives_in_optcore_t5x():
