@@ -3,9 +3,11 @@
   nox -s tests         every CPU variant (core, flax, equinox, treex, all) on every supported
                        Python that is present (3.11, 3.12, 3.13; pyenv's are found without
                        setting PYENV_VERSION); a missing one is skipped, and nox says so (with
-                       --error-on-missing-interpreters, as on CI, it fails). About 12 minutes
-                       per Python on two CPU cores (35 for all three), the first run a few
-                       more for the installs; ``nox -s "tests-3.11(variant='core')"`` is one
+                       --error-on-missing-interpreters, as on CI, it fails). About 40 minutes
+                       for all three on two CPU cores, the first run a few more for the
+                       installs; ``nox -s "tests-3.13(variant='core')"`` is one variant
+  nox -s quick         the core's tests on the newest Python: about 5 minutes; pytest
+                       arguments go after ``--`` (``nox -s quick -- -k soap -x``)
   nox -s lint          ruff check and ruff format --check
   nox -s demo          one config, five frameworks (examples/swap_frameworks.py)
   nox -s spike         a run through a bad batch: statistics, a skipped step (spike_statistics.py)
