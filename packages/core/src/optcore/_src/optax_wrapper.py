@@ -340,8 +340,10 @@ def wrap_optax_optimizer(
   except AttributeError:  # functools.partial objects have no __name__
     wrapped.__doc__ = getattr(optax_optimizer, "__doc__", None)
   wrapped.__name__ = wrapped.__qualname__ = name.rsplit(".", 1)[-1]
-  # optax's arguments, and what the factory returns: a definition (optax's says a transformation)
-  wrapped.__signature__ = _readable(signature).replace(return_annotation=cls)
+  # optax's arguments, and what the factory returns: a definition (optax's says a transformation).
+  # An adapter's face (T5X's, whose functools.wraps showed optax's signature) keeps optax's.
+  own = definition_class is None
+  wrapped.__signature__ = _readable(signature).replace(return_annotation=cls) if own else signature
   wrapped.__wrapped__ = optax_optimizer
   return wrapped
 
