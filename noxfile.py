@@ -1,12 +1,13 @@
 """Every task of the optcore workspace.
 
-  nox -s tests         every CPU variant (core, flax, equinox, treex, all) on every supported
-                       Python that is present (3.11, 3.12, 3.13; pyenv's are found without
-                       setting PYENV_VERSION); a missing one is skipped, and nox says so (with
+  nox -s tests         every CPU variant (core, flax, equinox, treex, all) on Python 3.11 and
+                       3.13, the core on 3.12 (which resolves 3.13's packages), each that is
+                       present (pyenv's are found without setting PYENV_VERSION); a missing
+                       one is skipped, and nox says so (with
                        --error-on-missing-interpreters, as on CI, it fails). About 40 minutes
                        for all three on two CPU cores, the first run a few more for the
                        installs; ``nox -s "tests-3.13(variant='core')"`` is one variant
-  nox -s quick         the core's tests on the newest Python: about 5 minutes; pytest
+  nox -s quick         the core's tests on the newest Python: about 4 minutes; pytest
                        arguments go after ``--`` (``nox -s quick -- -k soap -x``)
   nox -s lint          ruff check and ruff format --check
   nox -s demo          one config, five frameworks (examples/swap_frameworks.py)
@@ -138,8 +139,8 @@ def fetch_test_data(session: nox.Session, folders: list[str]) -> None:
 
 
 #: pytest-xdist: one worker per core, a test file per worker at a time (module fixtures are
-#: built once). XLA compiles on one thread, so two workers on two cores halve the suite's time
-#: (the core variant: 8.0 -> 3.8 minutes here). ``nox -s tests -- -n 0`` runs in one process.
+#: built once). XLA compiles on one thread, so a second worker uses the second core (the core
+#: variant: 3.5 minutes with two, 2026-11-26). ``nox -s tests -- -n 0`` runs in one process.
 WORKERS = ("-n", "auto", "--dist", "loadfile")
 #: What every pytest run here installs beside the package, where not from uv.lock's test group.
 TEST_TOOLS = ["pytest>=8.3", "hypothesis>=6.100", "pytest-xdist>=3.6"]
@@ -201,7 +202,15 @@ def tests(session: nox.Session, variant: str) -> None:
       f"and highest stacks uv.lock resolves; Python {session.python} resolves the newest's "
       "(docs/development.md), and its packages' own variants run here"
     )
+  if variant in ADAPTERS and session.python not in INTEGRATION_PYTHONS:
+    session.skip(
+      f"Python {session.python} resolves the newest Python's jax, flax, equinox and treeo "
+      "(docs/development.md): the frameworks' variants run there, and the core's runs here for "
+      "the interpreter"
+    )
   package, folders = VARIANTS[variant]
+  if session.python != PYTHON:  # the benchmarks' smoke runs: measurement code, newest Python
+    folders = [f for f in folders if f != "tests/benchmarks"]
   sync(session, package, "test", *EXTRA_GROUPS.get(variant, []))
   print_versions(session)
   # Every ordered pair of wrappers in every face is Python-independent optcore logic: the newest
