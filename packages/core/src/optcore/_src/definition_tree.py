@@ -26,7 +26,21 @@ T = TypeVar("T")
 
 
 def iter_definitions(opt_def: Any) -> Iterator[Any]:
-  """``opt_def`` and every definition below it, parents before their children, in order."""
+  """``opt_def`` and every definition below it, parents before their children, in order.
+
+  Args:
+    opt_def: the root definition.
+
+  Returns:
+    An iterator over the definitions of the tree.
+
+  Example:
+    >>> import optcore
+    >>> from optcore import adapter
+    >>> opt_def = optcore.skip_bad_steps(optcore.t5x.Adafactor(0.1))
+    >>> [type(d).__name__ for d in adapter.iter_definitions(opt_def)]
+    ['SkipBadSteps', 'Adafactor']
+  """
   yield opt_def
   for child in opt_def.children():
     yield from iter_definitions(child)
@@ -50,6 +64,18 @@ def map_definitions(fn: Callable[[Any, PyTree], Any], opt_def: Any, params: PyTr
 
   Returns:
     The new root, or ``opt_def`` where nothing changed.
+
+  Example:
+    >>> import optcore
+    >>> from optcore import adapter
+    >>> opt_def = optcore.ema(optcore.MultiOptimizer(('w', optcore.sgd(0.1))), 0.9)
+    >>> faster = lambda d, _: d.with_hyper_params(d.hyper_params.replace(learning_rate=0.5)) if (
+    ...     isinstance(d, optcore.OptaxWrapper)) else d
+    >>> new = adapter.map_definitions(faster, opt_def)
+    >>> new.optimizer_def.sub_optimizers[0].hyper_params.learning_rate, new is not opt_def
+    (0.5, True)
+    >>> adapter.map_definitions(lambda d, _: d, opt_def) is opt_def
+    True
   """
   children = opt_def.children()
   if children:
