@@ -200,7 +200,7 @@ def tests(session: nox.Session, variant: str) -> None:
     session.skip(
       f"the cross-face variant runs on Python {' and '.join(INTEGRATION_PYTHONS)}, the lowest "
       f"and highest stacks uv.lock resolves; Python {session.python} resolves the newest's "
-      "(docs/development.md), and its packages' own variants run here"
+      "(docs/development.md), and the core's variant runs here"
     )
   if variant in ADAPTERS and session.python not in INTEGRATION_PYTHONS:
     session.skip(
