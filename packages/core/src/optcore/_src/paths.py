@@ -69,11 +69,16 @@ def state_path_search(pattern: str, keys: Sequence[KeyEntry]) -> bool:
   ``inner`` levels (``0/nu/w``: adam's second moment of ``w`` under any wrapper), so one pattern
   means one leaf to both options."""
   written = path_str(keys)[1:]
+  return re.search(pattern, written) is not None or re.search(pattern, own_path(keys)) is not None
+
+
+def own_path(keys: Sequence[KeyEntry]) -> str:
+  """A state path in the algorithm's own spelling: without the leading ``param_states`` level
+  and a wrapper's ``inner`` levels (``'0/nu/w'`` for ``param_states/inner/0/nu/w``)."""
   parts = [key_name(k) for k in keys]
   if parts[:1] == ["param_states"]:
     parts = parts[1:]
-  own = "/".join(p for p in parts if p != "inner")
-  return re.search(pattern, written) is not None or re.search(pattern, own) is not None
+  return "/".join(p for p in parts if p != "inner")
 
 
 def children_with_keys(node: Any) -> tuple[list[tuple[KeyEntry, Any]], Any] | None:
@@ -184,12 +189,7 @@ def instances_with_paths(tree: Any, cls: type | tuple[type, ...]) -> list[tuple[
   level, no wrapper's ``inner`` levels): ``'0'`` for a `MultiOptimizer`'s first group."""
   found = lambda x: isinstance(x, cls)
   keyed, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=found)
-  out = []
-  for keys, node in keyed:
-    if found(node):
-      names = [key_name(k) for k in keys]
-      out.append(("/".join(n for n in names if n not in ("param_states", "inner")), node))
-  return out
+  return [(own_path(keys), node) for keys, node in keyed if found(node)]
 
 
 def unbox(tree: Any) -> Any:
