@@ -274,7 +274,6 @@ class Optimizer(eqx.Module):
       mesh: the device mesh.
       logical_axis_rules: ``(logical_name, mesh_axes)`` pairs.
       **placement: ``state_axis=`` (ZeRO-1), ``state_memory_kind=`` (host memory): see
-
         `optcore.Placement`, which ``mesh`` may be instead.
 
     Returns:
@@ -321,13 +320,7 @@ class Optimizer(eqx.Module):
 
     Args:
       model: the model this optimizer trains.
-      model_specs: a `PartitionSpec` per optimised leaf (mesh axes, or logical names
-        mapped by ``logical_axis_rules``); None: replicated.
-      mesh: the device mesh.
-      logical_axis_rules: ``(logical_name, mesh_axes)`` pairs.
-      **placement: ``state_axis=`` (ZeRO-1), ``state_memory_kind=`` (host memory): see
-
-        `optcore.Placement`, which ``mesh`` may be instead.
+      model_specs, mesh, logical_axis_rules, **placement: as `shardings` reads them.
 
     Returns:
       The optimizer, its state on the mesh.

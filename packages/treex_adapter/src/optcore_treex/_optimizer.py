@@ -366,7 +366,6 @@ class Optimizer(to.Tree):
       mesh: the device mesh.
       logical_axis_rules: ``(logical_name, mesh_axes)`` pairs.
       **placement: ``state_axis=`` (ZeRO-1), ``state_memory_kind=`` (host memory): see
-
         `optcore.Placement`, which ``mesh`` may be instead.
 
     Returns:
@@ -416,13 +415,7 @@ class Optimizer(to.Tree):
 
     Args:
       params: the parameters given to `init`.
-      param_specs: a `PartitionSpec` per parameter (mesh axes, or logical names
-        mapped by ``logical_axis_rules``); None: replicated.
-      mesh: the device mesh.
-      logical_axis_rules: ``(logical_name, mesh_axes)`` pairs.
-      **placement: ``state_axis=`` (ZeRO-1), ``state_memory_kind=`` (host memory): see
-
-        `optcore.Placement`, which ``mesh`` may be instead.
+      param_specs, mesh, logical_axis_rules, **placement: as `shardings` reads them.
 
     Returns:
       The optimizer, its state on the mesh.

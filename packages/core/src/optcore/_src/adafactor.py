@@ -140,25 +140,7 @@ class Adafactor(FactorRules, OptimizerDef):
         "drop factor_map, or set factored=True."
       )
     super().__init__(
-      HyperParams(
-        learning_rate=learning_rate,
-        factored=factored,
-        multiply_by_parameter_scale=multiply_by_parameter_scale,
-        beta1=beta1,
-        decay_rate=decay_rate,
-        step_offset=step_offset,
-        clipping_threshold=clipping_threshold,
-        weight_decay_rate=weight_decay_rate,
-        min_dim_size_to_factor=min_dim_size_to_factor,
-        epsilon1=epsilon1,
-        epsilon2=epsilon2,
-        factor_map=factor_map,
-        logical_factor_rules=logical_factor_rules,
-        weight_decay_rate_lr_exponent=weight_decay_rate_lr_exponent,
-        global_norm_clip_threshold=global_norm_clip_threshold,
-        max_parameter_scale=max_parameter_scale,
-        skip_nan_updates=skip_nan_updates,
-      )
+      HyperParams.of_arguments(locals(), leave=("dtype_momentum", "skip_nonfinite_updates"))
     )
     self.dtype_momentum = jnp.dtype(dtype_momentum)
     self.skip_nonfinite_updates = bool(skip_nonfinite_updates)

@@ -39,7 +39,6 @@ from optcore._src.grouped_layout import (
   pack_like,
   unpack_tree,
 )
-from optcore._src.hyper_params import HyperParams
 from optcore._src.multi_optimizer import MultiOptimizer
 from optcore._src.optimizer import Optimizer, OptimizerState, Pins, keep_shardings
 from optcore._src.step import apply_step
@@ -171,14 +170,7 @@ class Grouped(Wrapper):
     packed = self.layout(target).pack(target)
     return GroupedOptimizer(self, self.inner_for(packed.layout).init_state(packed), packed)
 
-  def apply_gradient(
-    self,
-    hyper_params: HyperParams,
-    params: PyTree,
-    state: OptimizerState,
-    grads: PyTree,
-    **extra_args: Any,
-  ) -> tuple[PyTree, OptimizerState]:
+  def apply_gradient(self, hyper_params, params, state, grads, **extra_args):
     """One step. ``params`` grouped (a `GroupedOptimizer`'s) gives grouped new
     parameters; ungrouped (a face that owns its parameters) are grouped for
     the step and the new ones split back."""

@@ -257,6 +257,29 @@ class HyperParams(Mapping[str, Any]):
   def __len__(self) -> int:
     return len(self._values)
 
+  @classmethod
+  def of_arguments(cls, arguments: Mapping[str, Any], *, leave: Iterable[str] = ()) -> HyperParams:
+    """The hyper-parameters a constructor was called with: ``arguments`` is its
+    ``locals()``, less ``self``, ``__class__`` and the names in ``leave`` (the
+    arguments it keeps as settings of its own), in the signature's order.
+
+    Args:
+      arguments: the constructor's ``locals()`` at its first line.
+      leave: names that are arguments but not hyper-parameters.
+
+    Returns:
+      HyperParams with one entry an argument.
+
+    Example:
+      >>> import optcore
+      >>> def sgd(learning_rate=0.1, momentum=None):
+      ...   return optcore.HyperParams.of_arguments(locals())
+      >>> sgd()
+      HyperParams(learning_rate=0.1, momentum=None)
+    """
+    skip = {"self", "__class__", *leave}
+    return cls(**{name: value for name, value in arguments.items() if name not in skip})
+
   def replace(self, **changes: Any) -> HyperParams:
     """A copy with ``changes`` applied; an unknown name raises TypeError."""
     unknown = [name for name in changes if name not in self._values]

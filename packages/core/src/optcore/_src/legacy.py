@@ -111,7 +111,7 @@ class GradientDescent(OptimizerDef):
   elementwise = True  # no per-parameter reduction: `grouped` may run it on a buffer
 
   def __init__(self, learning_rate: float | None = None):
-    super().__init__(HyperParams(learning_rate=learning_rate))
+    super().__init__(HyperParams.of_arguments(locals()))
 
   def init_param_state(self, param):
     return ()
@@ -143,11 +143,7 @@ class Momentum(OptimizerDef):
     weight_decay: float = 0,
     nesterov: bool = False,
   ):
-    super().__init__(
-      HyperParams(
-        learning_rate=learning_rate, beta=beta, weight_decay=weight_decay, nesterov=nesterov
-      )
-    )
+    super().__init__(HyperParams.of_arguments(locals()))
 
   def init_param_state(self, param):
     return MomentumParamState(jnp.zeros_like(param))
@@ -182,11 +178,7 @@ class Adam(OptimizerDef):
     eps: float = 1e-8,
     weight_decay: float = 0.0,
   ):
-    super().__init__(
-      HyperParams(
-        learning_rate=learning_rate, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay
-      )
-    )
+    super().__init__(HyperParams.of_arguments(locals()))
 
   def init_param_state(self, param):
     return AdamParamState(jnp.zeros_like(param), jnp.zeros_like(param))
@@ -221,11 +213,7 @@ class AdaBelief(OptimizerDef):
     eps: float = 1e-16,
     weight_decay: float = 0.0,
   ):
-    super().__init__(
-      HyperParams(
-        learning_rate=learning_rate, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay
-      )
-    )
+    super().__init__(HyperParams.of_arguments(locals()))
 
   def init_param_state(self, param):
     return AdamParamState(jnp.zeros_like(param), jnp.zeros_like(param))
@@ -260,9 +248,7 @@ class Adadelta(OptimizerDef):
     eps: float = 1e-6,
     weight_decay: float = 0.0,
   ):
-    super().__init__(
-      HyperParams(learning_rate=learning_rate, rho=rho, eps=eps, weight_decay=weight_decay)
-    )
+    super().__init__(HyperParams.of_arguments(locals()))
 
   def init_param_state(self, param):
     return AdadeltaParamState(jnp.zeros_like(param), jnp.zeros_like(param))
@@ -292,7 +278,7 @@ class Adagrad(OptimizerDef):
   elementwise = True  # no per-parameter reduction: `grouped` may run it on a buffer
 
   def __init__(self, learning_rate: float | None = None, eps: float = 1e-8):
-    super().__init__(HyperParams(learning_rate=learning_rate, eps=eps))
+    super().__init__(HyperParams.of_arguments(locals()))
 
   def init_param_state(self, param):
     return AdagradParamState(jnp.zeros_like(param))
@@ -326,9 +312,7 @@ class RMSProp(OptimizerDef):
     eps: float = 1e-8,
     centered: bool = False,
   ):
-    super().__init__(
-      HyperParams(learning_rate=learning_rate, beta2=beta2, eps=eps, centered=centered)
-    )
+    super().__init__(HyperParams.of_arguments(locals()))
 
   constructor_only = ("centered",)
 
@@ -370,11 +354,7 @@ class LAMB(OptimizerDef):
     weight_decay: float = 0,
     eps: float = 1e-6,
   ):
-    super().__init__(
-      HyperParams(
-        learning_rate=learning_rate, beta1=beta1, beta2=beta2, weight_decay=weight_decay, eps=eps
-      )
-    )
+    super().__init__(HyperParams.of_arguments(locals()))
 
   def init_param_state(self, param):
     return AdamParamState(jnp.zeros_like(param), jnp.zeros_like(param))
@@ -415,16 +395,7 @@ class LARS(OptimizerDef):
     eps: float = 0,
     nesterov: bool = False,
   ):
-    super().__init__(
-      HyperParams(
-        learning_rate=learning_rate,
-        beta=beta,
-        weight_decay=weight_decay,
-        trust_coefficient=trust_coefficient,
-        eps=eps,
-        nesterov=nesterov,
-      )
-    )
+    super().__init__(HyperParams.of_arguments(locals()))
 
   def init_param_state(self, param):
     return MomentumParamState(jnp.zeros_like(param))

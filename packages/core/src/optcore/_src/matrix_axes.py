@@ -207,6 +207,24 @@ def dimension_roles(
   return treedef.unflatten(out)
 
 
+def split_batch(
+  shape: tuple[int, ...], roles: tuple[str, ...] | None
+) -> tuple[tuple[str, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+  """A parameter's dimensions split into batch (copies) and the rest, as SOAP
+  and Shampoo read them: ``(roles, batch, kept, slice_shape)``, where ``roles``
+  of None means every dimension is a matrix dimension and ``slice_shape`` is
+  the shape of one copy.
+
+  Example:
+    >>> split_batch((4, 3, 2), ("batch", "matrix", "matrix"))
+    (('batch', 'matrix', 'matrix'), (0,), (1, 2), (3, 2))
+  """
+  roles = roles if roles is not None else ("matrix",) * len(shape)
+  batch = tuple(d for d, r in enumerate(roles) if r == "batch")
+  kept = tuple(d for d, r in enumerate(roles) if r != "batch")
+  return roles, batch, kept, tuple(shape[d] for d in kept)
+
+
 def on_copies(
   shape: tuple[int, ...], batch_dims: tuple[int, ...], one_copy: Any, per_param: tuple,
   per_factor: tuple, *, unrolled: bool = False,

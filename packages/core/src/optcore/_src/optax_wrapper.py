@@ -121,14 +121,7 @@ class OptaxWrapper(OptimizerDef):
     check_float_params(params)
     return OptimizerState(jnp.asarray(0, dtype=jnp.int32), self.optax_optimizer.init(params))
 
-  def apply_gradient(
-    self,
-    hyper_params: HyperParams,
-    params: PyTree,
-    state: OptimizerState,
-    grads: PyTree,
-    **extra_args: Any,
-  ) -> tuple[PyTree, OptimizerState]:
+  def apply_gradient(self, hyper_params, params, state, grads, **extra_args):
     updates, new_state = self.compute_updates(hyper_params, params, state, grads, **extra_args)
     return optax.apply_updates(params, updates), new_state
 

@@ -38,7 +38,12 @@ from jax.sharding import PartitionSpec
 
 from optcore._src import optax_rules
 from optcore._src import partition_rules as pr
-from optcore._src.matrix_axes import check_rules_with_axes, dimension_roles, on_copies
+from optcore._src.matrix_axes import (
+  check_rules_with_axes,
+  dimension_roles,
+  on_copies,
+  split_batch,
+)
 from optcore._src.soap import Preconditioners
 
 PyTree = Any
@@ -155,10 +160,7 @@ def _layout(
   precondtioner_type: int,
   exponent_override: int,
 ) -> _Layout:
-  roles = roles if roles is not None else ("matrix",) * len(shape)
-  batch = tuple(d for d, r in enumerate(roles) if r == "batch")
-  kept = tuple(d for d, r in enumerate(roles) if r != "batch")
-  slice_shape = tuple(shape[d] for d in kept)
+  roles, batch, kept, slice_shape = split_batch(shape, roles)
   skip = (
     len(slice_shape) < skip_preconditioning_rank_lt
     or any(s > skip_preconditioning_dim_size_gt for s in slice_shape)

@@ -36,7 +36,12 @@ from jax.sharding import PartitionSpec
 
 from optcore._src import optax_rules, paths
 from optcore._src import partition_rules as pr
-from optcore._src.matrix_axes import check_rules_with_axes, dimension_roles, on_copies
+from optcore._src.matrix_axes import (
+  check_rules_with_axes,
+  dimension_roles,
+  on_copies,
+  split_batch,
+)
 
 PyTree = Any
 
@@ -168,10 +173,7 @@ def _layout(
   precondition_1d: bool,
   data_format: str,
 ) -> _Layout:
-  roles = roles if roles is not None else ("matrix",) * len(shape)
-  batch = tuple(d for d, r in enumerate(roles) if r == "batch")
-  kept = tuple(d for d, r in enumerate(roles) if r != "batch")
-  slice_shape = tuple(shape[d] for d in kept)
+  roles, batch, kept, slice_shape = split_batch(shape, roles)
   slice_roles = tuple(roles[d] for d in kept)
   if len(slice_shape) == 1:
     size = slice_shape[0]
