@@ -26,6 +26,9 @@ WRAPPERS = {
   # Blocks of three (a row of the kernel) and no small-tensor floor: the parameters are tiny.
   "low_bit_state": lambda d: optcore.low_bit_state(d, bits=8, block_size=3, min_size=0),
   "stochastic_rounding": lambda d: optcore.stochastic_rounding(d, seed=1),
+  "cautious": lambda d: optcore.cautious(d),
+  # A short warm-up: the five calls reach the moving averages.
+  "zclip": lambda d: optcore.zclip(d, warmup_steps=2),
 }
 ALGORITHMS = {
   "adam": lambda: optcore.adam(1e-2),
@@ -37,8 +40,16 @@ ALGORITHMS = {
 # with_statistics observe a step, stochastic_rounding rounds its result.
 STATE_CHANGING = ("accumulate", "ema", "mixed_precision", "low_bit_state")
 FULL = os.environ.get("OPTCORE_FULL_MATRIX") == "1"
+# The wrappers that shape the step's input or output (cautious masks the update, zclip scales
+# the gradient) are paired with the state-changing ones only: their pairs with the observers
+# (skip_bad_steps, with_statistics, stochastic_rounding) repeat programs the matrix has.
+SHAPING = ("cautious", "zclip")
 SINGLES = [(w,) for w in WRAPPERS]
-PAIRS = list(itertools.permutations(WRAPPERS, 2))
+PAIRS = [
+  pair
+  for pair in itertools.permutations(WRAPPERS, 2)
+  if not set(pair) & set(SHAPING) or set(pair) & set(STATE_CHANGING)
+]
 CHANGING_PAIRS = list(itertools.permutations(STATE_CHANGING, 2))
 # (order, algorithm) on one device. Every Python: each wrapper alone around each algorithm. The
 # whole matrix (the newest Python, one session, as heavy matrices run): every ordered pair

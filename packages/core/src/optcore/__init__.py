@@ -27,12 +27,16 @@ from optcore import config as config
 from optcore import contrib as contrib
 from optcore import legacy as legacy
 from optcore import partitioning as partitioning
+from optcore import schedules as schedules
 from optcore import t5x as t5x
 from optcore._src import optax_rules as _optax_rules  # noqa: F401  (registers optax state rules)
 from optcore._src.accumulate import Accumulate as Accumulate
 from optcore._src.accumulate import AccumulateState as AccumulateState
 from optcore._src.accumulate import accumulate as accumulate
 from optcore._src.base import OptimizerDef as OptimizerDef
+from optcore._src.cautious import Cautious as Cautious
+from optcore._src.cautious import CautiousState as CautiousState
+from optcore._src.cautious import cautious as cautious
 from optcore._src.checks import MissingHyperParameterError as MissingHyperParameterError
 from optcore._src.checks import TreeMismatchError as TreeMismatchError
 from optcore._src.checks import check_gradients as check_gradients
@@ -127,6 +131,9 @@ from optcore._src.traversal import SelectorError as SelectorError
 from optcore._src.traversal import leaves_with_paths as leaves_with_paths
 from optcore._src.traversal import register_selector_type as register_selector_type
 from optcore._src.traversal import selector_mask as selector_mask
+from optcore._src.zclip import ZClip as ZClip
+from optcore._src.zclip import ZClipState as ZClipState
+from optcore._src.zclip import zclip as zclip
 from optcore.contrib import CONTRIB_OPTIMIZERS as _CONTRIB_OPTIMIZERS
 
 try:
@@ -159,6 +166,8 @@ __all__ = [
   "SECOND_MOMENTS",
   "Accumulate",
   "AccumulateState",
+  "Cautious",
+  "CautiousState",
   "Ema",
   "EmaState",
   "Grouped",
@@ -192,6 +201,8 @@ __all__ = [
   "TreeMismatchError",
   "UngroupableError",
   "WithStatistics",
+  "ZClip",
+  "ZClipState",
   "accumulate",
   "adabelief",
   "adadelta",
@@ -204,6 +215,7 @@ __all__ = [
   "adan",
   "adapter",
   "amsgrad",
+  "cautious",
   "chain",
   "check_gradients",
   "config",
@@ -243,6 +255,7 @@ __all__ = [
   "register_state_rule",
   "rmsprop",
   "rprop",
+  "schedules",
   "selector_mask",
   "sgd",
   "sign_sgd",
@@ -258,4 +271,5 @@ __all__ = [
   "with_statistics",
   "wrap_optax_optimizer",
   "yogi",
+  "zclip",
 ]

@@ -1,6 +1,7 @@
 """optax.contrib's optimizers as optcore definitions: ``optcore.contrib.<name>``.
 
-Also optcore's own optimizers with no optax original (`OWN_OPTIMIZERS`: ``soap``, ``shampoo``).
+Also optcore's own optimizers with no optax original (`OWN_OPTIMIZERS`: ``soap``, ``shampoo``,
+``mars``).
 Optimizer wrappers (mechanize, sam, schedule_free, split_real_and_imaginary)
 take optax transformations or optcore definitions. The list is written out,
 one line each, so that IDEs and type checkers see every name, and
@@ -18,6 +19,8 @@ Example:
 
 import optax.contrib as _contrib
 
+from optcore._src.mars import MarsState as MarsState
+from optcore._src.mars import mars as _mars
 from optcore._src.matrix_axes import muon_with_axes as _muon_with_axes
 from optcore._src.optax_wrapper import wrap_optax_optimizer as _wrap
 from optcore._src.optax_wrapper import wrapped_names as _wrapped_names
@@ -57,10 +60,12 @@ split_real_and_imaginary = _wrap(
 # numbers those of their authors' code (docs/concepts/soap.md, shampoo.md).
 soap = _wrap(_soap, name="contrib.soap")
 shampoo = _wrap(_shampoo, name="contrib.shampoo")
+# MARS: variance-reduced AdamW and Lion, its numbers the authors' (docs/concepts/mars.md).
+mars = _wrap(_mars, name="contrib.mars")
 
 #: optcore's own optimizers above (no optax original); a config may also name them without
 #: ``contrib.`` (``{"name": "soap"}``).
-OWN_OPTIMIZERS: tuple[str, ...] = ("soap", "shampoo")
+OWN_OPTIMIZERS: tuple[str, ...] = ("soap", "shampoo", "mars")
 
 #: The optax.contrib optimizers wrapped above: read from this module, so a line added
 #: above is a contrib optimizer everywhere (``optcore.contrib.<name>``, configs).
@@ -70,6 +75,7 @@ __all__ = [
   "CONTRIB_OPTIMIZERS",
   "OWN_OPTIMIZERS",
   "GraftingType",
+  "MarsState",
   "PreconditionerType",
   "Preconditioners",
   "ShampooState",

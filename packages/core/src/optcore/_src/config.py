@@ -18,14 +18,16 @@ import optax
 
 from optcore import contrib, legacy
 
-# Each wrapper module registers its wrapper by name in WRAPPERS (the config's table).
-from optcore._src import accumulate, ema, grouped, mixed_precision, optax_aliases  # noqa: F401
+# Each wrapper class registers itself by name in WRAPPERS (the config's table) when its module
+# is imported, as `import optcore` imports them all: this module names none of them.
+from optcore._src import optax_aliases
 from optcore._src.adafactor import Adafactor as _T5XAdafactor
 from optcore._src.base import OptimizerDef
 from optcore._src.factoring import FactorDim
 from optcore._src.hyper_params import static_key
 from optcore._src.multi_optimizer import MultiOptimizer
 from optcore._src.optax_wrapper import OptaxWrapper, chain
+from optcore._src.schedules import OWN_SCHEDULES
 from optcore._src.wrapper import REQUIRED, WRAPPERS, Wrapper
 
 
@@ -359,6 +361,12 @@ def _check_finite(value: Any, where: str) -> None:
 def _value(key: str, value: Any, where: str) -> Any:
   if isinstance(value, Mapping) and "schedule" in value:
     kwargs = {k: v for k, v in value.items() if k != "schedule"}
+    own = OWN_SCHEDULES.get(value["schedule"])
+    if own is not None:
+      try:
+        return own(**kwargs)
+      except (TypeError, ValueError) as e:
+        raise ConfigError(f"at {where!r}: {e}") from None
     try:
       return Schedule(value["schedule"], **kwargs)
     except ConfigError as e:
@@ -533,6 +541,8 @@ def _transform_config(item: Any) -> dict[str, Any]:
 def _write(key: str, value: Any) -> Any:
   if isinstance(value, Schedule):
     return {"schedule": value.name, **value.kwargs}
+  if callable(value) and isinstance(getattr(value, "optcore_config", None), dict):
+    return dict(value.optcore_config)  # optcore's own schedules
   if isinstance(value, OptimizerDef):
     return to_config(value)
   if isinstance(value, _Transform):

@@ -37,7 +37,9 @@ PyTree = Any
 #: ``slow_params``: quantized, the parameters themselves would move by the rounding, 50% off
 #: the float run after 6 steps) or a preconditioner's statistics and bases (SOAP's ``gg`` and
 #: ``q``, Shampoo's ``statistics`` and ``preconditioners``: 8.4% off for SOAP).
-NOT_MOMENTS = frozenset({"z", "slow_params", "gg", "q", "statistics", "preconditioners"})
+NOT_MOMENTS = frozenset(
+  {"z", "slow_params", "gg", "q", "statistics", "preconditioners", "last_grad"}
+)
 
 SECOND_MOMENTS = frozenset(
   {

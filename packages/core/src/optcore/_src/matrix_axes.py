@@ -216,6 +216,7 @@ def split_batch(
   the shape of one copy.
 
   Example:
+    >>> from optcore._src.matrix_axes import split_batch
     >>> split_batch((4, 3, 2), ("batch", "matrix", "matrix"))
     (('batch', 'matrix', 'matrix'), (0,), (1, 2), (3, 2))
   """

@@ -22,7 +22,7 @@ from optcore._src import paths, schedule_free
 from optcore._src.base import OptimizerDef
 from optcore._src.optimizer import OptimizerState, fill_unaveraged
 from optcore._src.skip import SkipState
-from optcore._src.statistics import StatisticsState, as_flat_dict
+from optcore._src.wrapper import wrapper_states
 
 PyTree = Any
 
@@ -195,7 +195,8 @@ def statistics(optimizer: Any, *, optimizer_def: OptimizerDef | None = None) -> 
   float32 scalars for any logger: ``'{group}/grad_norm'``, ``'{group}/update_norm'``,
   ``'{group}/param_norm'`` (after the update) and ``'{group}/update_ratio'`` for each group and
   for ``'global'``; with a `with_statistics` in several `MultiOptimizer` groups, each group's
-  under its index (``'0/global/grad_norm'``).
+  under its index (``'0/global/grad_norm'``). A `zclip` adds ``'zclip/grad_norm'``,
+  ``'zclip/clip_norm'``, ``'zclip/mean'`` and ``'zclip/std'``.
 
   Args:
     optimizer: an optimizer of any face, or a state (``opt.state``, the ``opt_state`` of
@@ -206,8 +207,8 @@ def statistics(optimizer: Any, *, optimizer_def: OptimizerDef | None = None) -> 
     ``{name: float32 scalar}`` (traceable: return it from a jitted step to log it).
 
   Raises:
-    TypeError: no `with_statistics` in the definition, or ``optimizer`` is neither an
-      optimizer nor a state with its definition.
+    TypeError: neither `with_statistics` nor `zclip` in the definition, or ``optimizer``
+      is neither an optimizer nor a state with its definition.
 
   Example:
     >>> import jax.numpy as jnp
@@ -218,7 +219,9 @@ def statistics(optimizer: Any, *, optimizer_def: OptimizerDef | None = None) -> 
     (['global/grad_norm', 'global/param_norm', 'global/update_norm', 'global/update_ratio'], 2.0)
   """
   opt_def, state, _ = _source(optimizer, optimizer_def, "statistics")
-  found = paths.instances_with_paths(state, StatisticsState)
+  # every wrapper state that keeps numbers for logging says so with a `logged()` method
+  logging = tuple(t for t in wrapper_states() if hasattr(t, "logged"))
+  found = paths.instances_with_paths(state, logging)
   if not found:
     raise TypeError(
       f"optcore.statistics: {opt_def.display_name()} keeps no statistics; wrap it: "
@@ -227,8 +230,9 @@ def statistics(optimizer: Any, *, optimizer_def: OptimizerDef | None = None) -> 
   out: dict[str, Any] = {}
   for where, kept in found:
     # several (one per MultiOptimizer group): each under its group, '0/global/grad_norm'
-    prefix = f"{where}/" if len(found) > 1 and where else ""
-    out.update({prefix + k: v for k, v in as_flat_dict(kept.values).items()})
+    several = sum(type(k) is type(kept) for _, k in found) > 1
+    prefix = f"{where}/" if several and where else ""
+    out.update({prefix + k: v for k, v in kept.logged().items()})
   return out
 
 

@@ -39,6 +39,10 @@ class StatisticsState(NamedTuple):
   inner: PyTree
   values: dict[str, jax.Array]
 
+  def logged(self) -> dict[str, jax.Array]:
+    """What `optcore.statistics` shows of it: `as_flat_dict` of ``values``."""
+    return as_flat_dict(self.values)
+
 
 class WithStatistics(StateWrapper):
   """``optimizer_def`` with per-group norms kept for logging: see `with_statistics`."""

@@ -1,0 +1,104 @@
+"""Writes `field_reference.npz`: the parameters after every step of the authors' own PyTorch
+code for the optimizers of issue 51, on the cases of `field_inputs.py`:
+
+- cautious AdamW and Lion: ``c_adamw.py`` and ``c_lion.py`` of github.com/kyleliang919/C-Optim
+  (AdamW with ``foreach=False``, its per-parameter loop);
+- MARS: ``MARS/optimizers/mars.py`` of github.com/AGI-Arena/MARS;
+- ZClip: ``zclip/zclip.py`` of github.com/bluorion-com/ZClip, called after ``backward`` and
+  before torch's own SGD or AdamW step, as its README says.
+
+None of them is on PyPI in this form, so they are not installed: clone the three repositories
+and name their directories (the committed data came from C-Optim 2c0517c, MARS 4831e28 and
+ZClip 584ce4f, torch 2.13.0 on CPU):
+
+    git clone https://github.com/kyleliang919/C-Optim /tmp/C-Optim
+    git clone https://github.com/AGI-Arena/MARS /tmp/MARS
+    git clone https://github.com/bluorion-com/ZClip /tmp/ZClip
+    python tests/reference_data/make_field_reference.py /tmp/C-Optim /tmp/MARS /tmp/ZClip [OUT]
+
+The tests (`tests/core/test_field_optimizers.py`) read the committed file. Nothing here
+imports optcore or JAX.
+"""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import torch
+from field_inputs import CASES, STEPS, case_inputs
+
+
+def load(c_optim: Path, mars: Path, zclip: Path) -> dict[str, object]:
+  """The authors' classes, from their clones."""
+  # c_adamw.py imports its helpers relatively (from .opt_utils): load the clone as a package.
+  package = types.ModuleType("c_optim")
+  package.__path__ = [str(c_optim)]
+  sys.modules["c_optim"] = package
+  sys.path.insert(0, str(mars / "MARS" / "optimizers"))
+  sys.path.insert(0, str(zclip))
+  return {
+    "c_adamw": importlib.import_module("c_optim.c_adamw").AdamW,
+    "c_lion": importlib.import_module("c_optim.c_lion").Lion,
+    "mars": importlib.import_module("mars").MARS,
+    "zclip": importlib.import_module("zclip.zclip").ZClip,
+    "sgd": torch.optim.SGD,
+    "adamw": torch.optim.AdamW,
+  }
+
+
+def trajectory(classes: dict, name: str, out: dict[str, np.ndarray]) -> None:
+  reference, kwargs, zclip_kwargs = CASES[name]
+  params0, grads = case_inputs(name)
+  module = torch.nn.ParameterDict(
+    {k: torch.nn.Parameter(torch.tensor(v)) for k, v in params0.items()}
+  )
+  if reference == "c_adamw":
+    kwargs = {**kwargs, "foreach": False, "no_deprecation_warning": True}
+  opt = classes[reference](list(module.values()), **kwargs)
+  clipper = None if zclip_kwargs is None else classes["zclip"](**zclip_kwargs)
+  for step, grad in enumerate(grads, start=1):
+    for k, p in module.items():
+      p.grad = torch.tensor(grad[k])
+    if clipper is not None:
+      clipper.step(module)
+      out[f"{name}/step{step}/zclip_mean"] = np.array(
+        np.nan if clipper.mean is None else clipper.mean, np.float64
+      )
+    opt.step()
+    for k, p in module.items():
+      out[f"{name}/step{step}/{k}"] = p.detach().numpy().copy()
+
+
+def commit(source: Path) -> str:
+  found = subprocess.run(
+    ["git", "-C", str(source), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+  )
+  return found.stdout.strip() or "unknown commit"
+
+
+def main() -> None:
+  c_optim, mars, zclip = (Path(a).resolve() for a in sys.argv[1:4])
+  default = Path(__file__).with_name("field_reference.npz")
+  target = Path(sys.argv[4]) if len(sys.argv) > 4 else default
+  classes = load(c_optim, mars, zclip)
+  torch.set_num_threads(1)
+  out: dict[str, np.ndarray] = {}
+  for name in CASES:
+    trajectory(classes, name, out)
+  out["meta/source"] = np.array(
+    f"kyleliang919/C-Optim {commit(c_optim)}, AGI-Arena/MARS {commit(mars)}, "
+    f"bluorion-com/ZClip {commit(zclip)}"
+  )
+  out["meta/torch"] = np.array(torch.__version__)
+  out["meta/steps"] = np.array(STEPS)
+  np.savez_compressed(target, **out)
+  print(f"wrote {target}: {len(out)} arrays")
+
+
+if __name__ == "__main__":
+  main()
