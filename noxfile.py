@@ -156,6 +156,7 @@ FLOAT_SENSITIVE = {
     "tests/core/test_grouped.py",
     "tests/core/test_low_bit_state.py",
     "tests/core/test_wrapper_orders.py",
+    "tests/core/test_field_optimizers.py",
   ],
   "flax": [
     "tests/flax/test_shampoo_flax.py",
