@@ -320,7 +320,8 @@ class Optimizer(eqx.Module):
 
     Args:
       model: the model this optimizer trains.
-      model_specs, mesh, logical_axis_rules, **placement: as `shardings` reads them.
+      model_specs, mesh, logical_axis_rules: as `shardings` reads them.
+      **placement: as `shardings` reads it.
 
     Returns:
       The optimizer, its state on the mesh.

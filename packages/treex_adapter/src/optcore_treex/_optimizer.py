@@ -415,7 +415,8 @@ class Optimizer(to.Tree):
 
     Args:
       params: the parameters given to `init`.
-      param_specs, mesh, logical_axis_rules, **placement: as `shardings` reads them.
+      param_specs, mesh, logical_axis_rules: as `shardings` reads them.
+      **placement: as `shardings` reads it.
 
     Returns:
       The optimizer, its state on the mesh.
