@@ -1,12 +1,14 @@
-"""Cautious AdamW and Lion, MARS and ZClip against their authors' own code: the trajectories
-in `tests/reference_data/field_reference.npz` (written by `make_field_reference.py` from
-C-Optim, MARS and ZClip on torch 2.13.0, CPU), through ``create().apply_gradient`` and through
-``as_optax()``, each under ``jax.jit``; then what each promises beyond the numbers.
+"""Cautious AdamW and Lion, MARS, NorMuon and ZClip against their authors' own code: the
+trajectories in `tests/reference_data/field_reference.npz` (written by
+`make_field_reference.py` from C-Optim, MARS, NorMuon and ZClip on torch 2.13.0, CPU), through
+``create().apply_gradient`` and through ``as_optax()``, each under ``jax.jit``; then what each
+promises beyond the numbers.
 
 Tolerance (measured): the largest distance from the reference over every case, step and
-leaf is 1.2e-6 (cautious Lion: the mask's rescaling rounds in another order; cautious AdamW
-1.0e-6, where optax adds ``eps`` after the bias correction and C-Optim before it), the same
-under XLA's default, ``SSE4_2`` and ``AVX`` instruction sets. ``ATOL`` is four times that.
+leaf is 1.9e-6 (NorMuon with decay: five float32 Newton-Schulz steps and two norms in another
+summation order; cautious Lion 1.2e-6, cautious AdamW 1.0e-6, where optax adds ``eps`` after
+the bias correction and C-Optim before it), under XLA's default, ``SSE4_2`` and ``AVX``
+instruction sets alike. ``ATOL`` is four times that.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "reference_data"))
 from field_inputs import CASES, SPIKES, STEPS, case_inputs
 
 REFERENCE = np.load(Path(__file__).parents[1] / "reference_data" / "field_reference.npz")
-ATOL = 5e-6  # 4 x the largest measured distance (1.2e-6), on every instruction set tried
+ATOL = 8e-6  # 4 x the largest measured distance (1.9e-6), on every instruction set tried
 
 
 def definition(name: str) -> optcore.OptimizerDef:
@@ -54,6 +56,15 @@ def definition(name: str) -> optcore.OptimizerDef:
     if "betas" in kwargs:
       kwargs["b1"], kwargs["b2"] = kwargs.pop("betas")
     return optcore.contrib.mars(**kwargs)
+  if kind == "normuon":
+    muon, adam = kwargs["muon"], kwargs["adam"]
+    b1, b2 = adam.get("betas", (0.9, 0.95))
+    return optcore.contrib.normuon(
+      **({"learning_rate": muon["lr"]} if "lr" in muon else {}),
+      **{k: v for k, v in muon.items() if k != "lr"},
+      adam_learning_rate=adam.get("lr", 3e-4), adam_b1=b1, adam_b2=b2,
+      adam_eps=adam.get("eps", 1e-10), adam_weight_decay=adam.get("weight_decay", 0.0),
+    )  # fmt: skip
   if kind == "sgd":
     inner = optcore.sgd(kwargs["lr"])
   else:
@@ -116,15 +127,24 @@ def test_zclip_averages_follow_the_reference(name):
 
 
 def test_zclip_clips_the_spikes_it_is_built_for():
-  """The spiked steps are clipped to near the running mean; the others pass untouched."""
+  """After the warm-up a step is clipped exactly where its z-score against the averages
+  before it is above z_thresh (2.5); every spike of the inputs is."""
   params, grads = case_inputs("zclip_sgd")
   opt = definition("zclip_sgd").create(as_jax(params))
+  warmup = CASES["zclip_sgd"][2]["warmup_steps"]
   for i, grad in enumerate(grads, start=1):
+    before = opt.state.param_states
     opt = opt.apply_gradient(as_jax(grad))
     stats = optcore.statistics(opt)
-    clipped = float(stats["zclip/clip_norm"]) < float(stats["zclip/grad_norm"])
-    after_warmup = i > CASES["zclip_sgd"][2]["warmup_steps"]
-    assert clipped == (after_warmup and SPIKES.get(i, 1.0) > 1), i
+    norm = float(stats["zclip/grad_norm"])
+    clipped = float(stats["zclip/clip_norm"]) < norm
+    if i <= warmup:
+      assert not clipped, i  # every norm here is under max_grad_norm=1
+      continue
+    z = (norm - float(before.mean)) / (float(np.sqrt(before.var)) + 1e-6)
+    assert clipped == (z > 2.5), (i, z)
+    if SPIKES.get(i, 1.0) > 1:
+      assert clipped, i
 
 
 def test_cautious_never_masks_weight_decay():

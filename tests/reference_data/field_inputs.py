@@ -1,5 +1,5 @@
 """The inputs of the reference trajectories of the optimizers of issue 51 (cautious AdamW and
-Lion, MARS, ZClip): shared by the script that runs the authors' code
+Lion, MARS, NorMuon, ZClip): shared by the script that runs the authors' code
 (`make_field_reference.py`) and, through the file it writes, by
 `tests/core/test_field_optimizers.py`.
 
@@ -33,6 +33,16 @@ CASES: dict[str, tuple[str, dict, dict | None]] = {
   "mars_lion": ("mars", {"lr": 1e-3, "mars_type": "mars-lion", "weight_decay": 0.1}, None),
   "mars_amsgrad": ("mars", {"lr": 1e-2, "amsgrad": True, "betas": (0.9, 0.99)}, None),
   "mars_1d": ("mars", {"lr": 1e-2, "optimize_1d": True, "weight_decay": 0.05}, None),
+  # NorMuon with its auxiliary Adam: the matrix w (4 x 3, tall) takes NorMuon, b and k Adam.
+  "normuon_defaults": ("normuon", {"muon": {}, "adam": {}}, None),
+  "normuon_settings": (
+    "normuon",
+    {
+      "muon": {"lr": 0.05, "weight_decay": 0.1, "momentum": 0.9, "beta2": 0.99},
+      "adam": {"lr": 1e-3, "betas": (0.8, 0.99), "eps": 1e-8, "weight_decay": 0.01},
+    },
+    None,
+  ),
   # ZClip around SGD and AdamW (torch's), every mode.
   "zclip_sgd": ("sgd", {"lr": 0.1}, {"warmup_steps": 4}),
   "zclip_adamw": ("adamw", {"lr": 1e-2, "weight_decay": 0.01}, {"warmup_steps": 4}),

@@ -4,17 +4,22 @@ code for the optimizers of issue 51, on the cases of `field_inputs.py`:
 - cautious AdamW and Lion: ``c_adamw.py`` and ``c_lion.py`` of github.com/kyleliang919/C-Optim
   (AdamW with ``foreach=False``, its per-parameter loop);
 - MARS: ``MARS/optimizers/mars.py`` of github.com/AGI-Arena/MARS;
+- NorMuon: ``SingleDeviceNorMuonWithAuxAdam`` of ``normuon.py``, github.com/zichongli5/NorMuon,
+  with its one bfloat16 cast (the Newton-Schulz input) made a no-op while it steps, so the
+  iteration runs in float32 on float32 parameters as issue 51 asks;
 - ZClip: ``zclip/zclip.py`` of github.com/bluorion-com/ZClip, called after ``backward`` and
   before torch's own SGD or AdamW step, as its README says.
 
-None of them is on PyPI in this form, so they are not installed: clone the three repositories
-and name their directories (the committed data came from C-Optim 2c0517c, MARS 4831e28 and
-ZClip 584ce4f, torch 2.13.0 on CPU):
+None of them is on PyPI in this form, so they are not installed: clone the four repositories
+and name their directories (the committed data came from C-Optim 2c0517c, MARS 4831e28,
+ZClip 584ce4f and NorMuon d45c9a4, torch 2.13.0 on CPU):
 
     git clone https://github.com/kyleliang919/C-Optim /tmp/C-Optim
     git clone https://github.com/AGI-Arena/MARS /tmp/MARS
     git clone https://github.com/bluorion-com/ZClip /tmp/ZClip
-    python tests/reference_data/make_field_reference.py /tmp/C-Optim /tmp/MARS /tmp/ZClip [OUT]
+    git clone https://github.com/zichongli5/NorMuon /tmp/NorMuon
+    python tests/reference_data/make_field_reference.py /tmp/C-Optim /tmp/MARS /tmp/ZClip \
+      /tmp/NorMuon [OUT]
 
 The tests (`tests/core/test_field_optimizers.py`) read the committed file. Nothing here
 imports optcore or JAX.
@@ -22,6 +27,7 @@ imports optcore or JAX.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import subprocess
 import sys
@@ -33,7 +39,7 @@ import torch
 from field_inputs import CASES, STEPS, case_inputs
 
 
-def load(c_optim: Path, mars: Path, zclip: Path) -> dict[str, object]:
+def load(c_optim: Path, mars: Path, zclip: Path, normuon: Path) -> dict[str, object]:
   """The authors' classes, from their clones."""
   # c_adamw.py imports its helpers relatively (from .opt_utils): load the clone as a package.
   package = types.ModuleType("c_optim")
@@ -41,7 +47,9 @@ def load(c_optim: Path, mars: Path, zclip: Path) -> dict[str, object]:
   sys.modules["c_optim"] = package
   sys.path.insert(0, str(mars / "MARS" / "optimizers"))
   sys.path.insert(0, str(zclip))
+  sys.path.insert(0, str(normuon))
   return {
+    "normuon": importlib.import_module("normuon").SingleDeviceNorMuonWithAuxAdam,
     "c_adamw": importlib.import_module("c_optim.c_adamw").AdamW,
     "c_lion": importlib.import_module("c_optim.c_lion").Lion,
     "mars": importlib.import_module("mars").MARS,
@@ -59,7 +67,17 @@ def trajectory(classes: dict, name: str, out: dict[str, np.ndarray]) -> None:
   )
   if reference == "c_adamw":
     kwargs = {**kwargs, "foreach": False, "no_deprecation_warning": True}
-  opt = classes[reference](list(module.values()), **kwargs)
+  if reference == "normuon":
+    matrices = [p for p in module.values() if p.ndim == 2]
+    others = [p for p in module.values() if p.ndim != 2]
+    opt = classes[reference](
+      [
+        {"params": matrices, "use_muon": True, **kwargs["muon"]},
+        {"params": others, "use_muon": False, **kwargs["adam"]},
+      ]
+    )
+  else:
+    opt = classes[reference](list(module.values()), **kwargs)
   clipper = None if zclip_kwargs is None else classes["zclip"](**zclip_kwargs)
   for step, grad in enumerate(grads, start=1):
     for k, p in module.items():
@@ -69,9 +87,25 @@ def trajectory(classes: dict, name: str, out: dict[str, np.ndarray]) -> None:
       out[f"{name}/step{step}/zclip_mean"] = np.array(
         np.nan if clipper.mean is None else clipper.mean, np.float64
       )
-    opt.step()
+    if reference == "normuon":
+      with float32_newton_schulz():
+        opt.step()
+    else:
+      opt.step()
     for k, p in module.items():
       out[f"{name}/step{step}/{k}"] = p.detach().numpy().copy()
+
+
+@contextlib.contextmanager
+def float32_newton_schulz():
+  """NorMuon's ``zeropower_via_newtonschulz5`` starts with ``G.bfloat16()``: while this holds,
+  that cast keeps the tensor as it is (the only call of ``Tensor.bfloat16`` in a step)."""
+  cast = torch.Tensor.bfloat16
+  torch.Tensor.bfloat16 = lambda self, *args, **kwargs: self
+  try:
+    yield
+  finally:
+    torch.Tensor.bfloat16 = cast
 
 
 def commit(source: Path) -> str:
@@ -82,17 +116,17 @@ def commit(source: Path) -> str:
 
 
 def main() -> None:
-  c_optim, mars, zclip = (Path(a).resolve() for a in sys.argv[1:4])
+  c_optim, mars, zclip, normuon = (Path(a).resolve() for a in sys.argv[1:5])
   default = Path(__file__).with_name("field_reference.npz")
-  target = Path(sys.argv[4]) if len(sys.argv) > 4 else default
-  classes = load(c_optim, mars, zclip)
+  target = Path(sys.argv[5]) if len(sys.argv) > 5 else default
+  classes = load(c_optim, mars, zclip, normuon)
   torch.set_num_threads(1)
   out: dict[str, np.ndarray] = {}
   for name in CASES:
     trajectory(classes, name, out)
   out["meta/source"] = np.array(
     f"kyleliang919/C-Optim {commit(c_optim)}, AGI-Arena/MARS {commit(mars)}, "
-    f"bluorion-com/ZClip {commit(zclip)}"
+    f"bluorion-com/ZClip {commit(zclip)}, zichongli5/NorMuon {commit(normuon)}"
   )
   out["meta/torch"] = np.array(torch.__version__)
   out["meta/steps"] = np.array(STEPS)

@@ -156,6 +156,8 @@ CASES = [
   ),
   # The 1-D leaves (the bias) follow lr_1d, not learning_rate: a rate of 0 freezes the kernel.
   Case("contrib.mars", {**LR, "weight_decay": 0.1}, frozen_at_zero_lr=False),
+  # The non-matrix leaves follow adam_learning_rate: a rate of 0 freezes the matrices only.
+  Case("contrib.normuon", {**LR, "weight_decay": 0.1}, frozen_at_zero_lr=False),
   Case("contrib.sophia", LR, extra="obj_fn"),
   Case(
     "contrib.split_real_and_imaginary", {}, lr_name=None, make_args=lambda c: {"inner": _base(c)}

@@ -1,7 +1,7 @@
 """optax.contrib's optimizers as optcore definitions: ``optcore.contrib.<name>``.
 
 Also optcore's own optimizers with no optax original (`OWN_OPTIMIZERS`: ``soap``, ``shampoo``,
-``mars``).
+``mars``, ``normuon``).
 Optimizer wrappers (mechanize, sam, schedule_free, split_real_and_imaginary)
 take optax transformations or optcore definitions. The list is written out,
 one line each, so that IDEs and type checkers see every name, and
@@ -22,6 +22,8 @@ import optax.contrib as _contrib
 from optcore._src.mars import MarsState as MarsState
 from optcore._src.mars import mars as _mars
 from optcore._src.matrix_axes import muon_with_axes as _muon_with_axes
+from optcore._src.normuon import NorMuonState as NorMuonState
+from optcore._src.normuon import normuon as _normuon
 from optcore._src.optax_wrapper import wrap_optax_optimizer as _wrap
 from optcore._src.optax_wrapper import wrapped_names as _wrapped_names
 from optcore._src.shampoo import GraftingType as GraftingType
@@ -62,10 +64,12 @@ soap = _wrap(_soap, name="contrib.soap")
 shampoo = _wrap(_shampoo, name="contrib.shampoo")
 # MARS: variance-reduced AdamW and Lion, its numbers the authors' (docs/concepts/mars.md).
 mars = _wrap(_mars, name="contrib.mars")
+# NorMuon: Muon with per-row second moments, its numbers the authors' (the same page).
+normuon = _wrap(_normuon, name="contrib.normuon")
 
 #: optcore's own optimizers above (no optax original); a config may also name them without
 #: ``contrib.`` (``{"name": "soap"}``).
-OWN_OPTIMIZERS: tuple[str, ...] = ("soap", "shampoo", "mars")
+OWN_OPTIMIZERS: tuple[str, ...] = ("soap", "shampoo", "mars", "normuon")
 
 #: The optax.contrib optimizers wrapped above: read from this module, so a line added
 #: above is a contrib optimizer everywhere (``optcore.contrib.<name>``, configs).
@@ -76,6 +80,7 @@ __all__ = [
   "OWN_OPTIMIZERS",
   "GraftingType",
   "MarsState",
+  "NorMuonState",
   "PreconditionerType",
   "Preconditioners",
   "ShampooState",

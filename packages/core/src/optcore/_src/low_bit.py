@@ -53,7 +53,9 @@ SECOND_MOMENTS = frozenset(
     "G",
     "e_g",
     "e_x",
-    "exp_avg_sq",  # SOAP's, Prodigy's, D-Adaptation's, MoMo-Adam's
+    "exp_avg_sq",  # SOAP's, Prodigy's, D-Adaptation's, MoMo-Adam's, MARS'
+    "max_exp_avg_sq",  # MARS' amsgrad
+    "second_momentum",  # NorMuon's (per row; its auxiliary Adam's exp_avg_sq)
     "diagonal_statistics",  # Shampoo's AdaGrad and RMSProp grafts
   }
 )
