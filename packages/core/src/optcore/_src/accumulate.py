@@ -62,8 +62,7 @@ class Accumulate(StateWrapper):
       )
     self.every = int(every)
 
-  def _twice_hint(self) -> str:
-    return "accumulate once, with every= the product of both"
+  twice_hint = "accumulate once, with every= the product of both"
 
   def check_state_values(self, state: OptimizerState, where: str = "state/param_states") -> None:
     """A ``mini_step`` of ``every`` or more was written by a longer window: continuing would

@@ -15,7 +15,7 @@ from optcore._src.base import OptimizerDef
 from optcore._src.checks import check_float_params
 from optcore._src.hyper_params import HyperParams
 from optcore._src.optimizer import OptimizerState
-from optcore._src.wrapper import StateWrapper
+from optcore._src.wrapper import StateWrapper, one_of
 
 PyTree = Any
 
@@ -94,30 +94,18 @@ class Cautious(StateWrapper):
   config_arguments: ClassVar = MappingProxyType({"normalization": "mean"})
 
   def __init__(self, optimizer_def: OptimizerDef, normalization: str = "mean"):
-    if normalization not in NORMALIZATIONS:
-      raise ValueError(
-        f"cautious: normalization must be one of {NORMALIZATIONS} ('mean': the authors' AdamW, "
-        f"'sum_plus_one': their Lion); got normalization={normalization!r}"
-      )
+    hint = "'mean': the authors' AdamW, 'sum_plus_one': their Lion"
+    self.normalization = one_of("cautious", "normalization", normalization, NORMALIZATIONS, hint)
     super().__init__(optimizer_def)
-    self.normalization = normalization
 
-  def _twice_hint(self) -> str:
-    return "mask once (a second mask keeps the same components)"
+  twice_hint = "mask once (a second mask keeps the same components)"
 
   def init_state(self, params: PyTree) -> OptimizerState:
     check_float_params(params)
     inner = self.optimizer_def.init_state(params)
     return OptimizerState(inner.step, CautiousState(inner.param_states))
 
-  def compute_updates(
-    self,
-    hyper_params: Any,
-    params: PyTree | None,
-    state: OptimizerState,
-    grads: PyTree,
-    **extra_args: Any,
-  ) -> tuple[PyTree, OptimizerState]:
+  def compute_updates(self, hyper_params, params, state, grads, **extra_args):
     """The wrapped step's updates, masked. Where the wrapped step adds decoupled weight
     decay (`DECAY_NAMES`), the step without it is masked and the decay added after, as the
     authors' AdamW and Lion decay every component: ``masked(step without decay) + (step -

@@ -52,8 +52,7 @@ class Ema(StateWrapper):
     self.decay = float(decay)
     self.debias = debias
 
-  def _twice_hint(self) -> str:
-    return "keep one average (a second decay needs its own optimizer)"
+  twice_hint = "keep one average (a second decay needs its own optimizer)"
 
   def init_state(self, params: PyTree) -> OptimizerState:
     check_float_params(params)

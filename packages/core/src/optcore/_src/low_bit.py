@@ -114,8 +114,7 @@ class LowBitStateDef(StateWrapper):
     self.bits, self.block_size, self.states = bits, block_size, states
     self.min_size, self.rounding = int(min_size), rounding
 
-  def _twice_hint(self) -> str:
-    return "quantize once (a state is stored in one format)"
+  twice_hint = "quantize once (a state is stored in one format)"
 
   def chooses(self, keys: tuple, leaf: Any) -> bool:
     """Whether the state leaf at ``keys`` is stored quantized: a real floating array of at

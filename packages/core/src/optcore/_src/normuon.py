@@ -87,20 +87,24 @@ def _matrix_dims(shape: tuple[int, ...], roles: tuple[str, ...] | None) -> tuple
 
 def normuon(
   learning_rate: optax.ScalarOrSchedule = 0.02,
+  *,
   weight_decay: float = 0.0,
   momentum: float = 0.95,
   beta2: float = 0.95,
+  # the other leaves: the reference's auxiliary Adam
   adam_learning_rate: optax.ScalarOrSchedule = 3e-4,
   adam_b1: float = 0.9,
   adam_b2: float = 0.95,
   adam_eps: float = 1e-10,
   adam_weight_decay: float = 0.0,
+  # which leaves are matrices (none: the 2-D ones)
   param_logical_axes: PyTree = None,
   matrix_rules: Mapping[str, str] | None = None,
 ) -> optax.GradientTransformation:
   """NorMuon, as the authors' single-device optimizer with its auxiliary Adam: their names
   for the matrices (``lr`` is ``learning_rate``), the ``adam_*`` names `contrib.muon` uses for
-  the other leaves (their ``betas`` are ``adam_b1, adam_b2``), every default theirs.
+  the other leaves (their ``betas`` are ``adam_b1, adam_b2``), every default theirs; all but
+  the rate by keyword, as torch's optimizers are configured.
 
   Which leaves are matrices: without logical axes the 2-D ones (as the reference is given
   its hidden matrices); with ``param_logical_axes``, each leaf with exactly two matrix

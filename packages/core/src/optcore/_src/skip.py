@@ -91,8 +91,7 @@ class SkipBadSteps(StateWrapper):
     self.window, self.sigmas, self.warmup = int(window), float(sigmas), int(warmup)
     self.watch = watch
 
-  def _twice_hint(self) -> str:
-    return "skip once (one window of norms decides)"
+  twice_hint = "skip once (one window of norms decides)"
 
   def init_state(self, params: PyTree) -> OptimizerState:
     inner = self.optimizer_def.init_state(params)

@@ -77,8 +77,7 @@ class WithStatistics(StateWrapper):
     super().__init__(optimizer_def)
     self.groups = groups
 
-  def _twice_hint(self) -> str:
-    return "keep one set of statistics (groups= chooses what each line sums)"
+  twice_hint = "keep one set of statistics (groups= chooses what each line sums)"
 
   def _static_key(self) -> tuple:
     # in the user's order: the first regex a path matches takes it, and values keep that order
@@ -136,13 +135,15 @@ class WithStatistics(StateWrapper):
       strict=True,
     ):
       update = jnp.asarray(new, jnp.float32) - jnp.asarray(old, jnp.float32)
-      columns.append(
-        jnp.stack([_square_sum(g), _square_sum(update), _square_sum(jnp.asarray(new))])
-      )
+      if jnp.shape(g) == jnp.shape(new):
+        columns.append(_square_sums(g, update, new))
+      else:  # per-example gradients (dpsgd's): a leading axis of examples
+        columns.append(jnp.concatenate([_square_sums(g), _square_sums(update, new)]))
     values = {}
     for name in names:
       mine = [c for c, g in zip(columns, assigned, strict=True) if name == GLOBAL or g == name]
-      total = sum(mine[1:], mine[0]) if mine else jnp.zeros((len(FIELDS),), jnp.float32)
+      # one reduction over the leaves' sums (a chain of adds was one small kernel a leaf)
+      total = jnp.sum(jnp.stack(mine), 0) if mine else jnp.zeros((len(FIELDS),), jnp.float32)
       values[name] = jnp.sqrt(total)
     new_own = StatisticsState(new_inner.param_states, values)
     return new_params, OptimizerState(new_inner.step, new_own)
@@ -156,9 +157,29 @@ class WithStatistics(StateWrapper):
     return f"with_statistics({self.optimizer_def!r}{groups})"
 
 
-def _square_sum(x: Any) -> jax.Array:
-  """The sum of squares of ``x``'s magnitudes, in float32 (a complex gradient's modulus)."""
-  return jnp.sum(jnp.abs(x).astype(jnp.float32) ** 2)
+def _square(x: Any) -> jax.Array:
+  """``|x|^2`` in float32 (a complex gradient's modulus squared)."""
+  x = jnp.asarray(x)
+  if jnp.iscomplexobj(x):
+    return (jnp.abs(x) ** 2).astype(jnp.float32)
+  x = x.astype(jnp.float32)
+  return x * x
+
+
+def _square_sums(*arrays: Any) -> jax.Array:
+  """``[sum(|a|^2) for a in arrays]`` (same shapes) as one float32 vector, from one variadic
+  reduction: XLA reads each array once, in one pass, where three sums were three passes
+  (75 bytes a parameter for an adamw step with statistics at 1M parameters in 310 leaves;
+  59 this way, against the plain step's 39)."""
+  zero = jnp.zeros((), jnp.float32)
+  squares = tuple(_square(a) for a in arrays)
+  sums = jax.lax.reduce(
+    squares,
+    (zero,) * len(squares),
+    lambda x, y: tuple(a + b for a, b in zip(x, y, strict=True)),
+    tuple(range(squares[0].ndim)),
+  )
+  return jnp.stack(sums)
 
 
 def as_flat_dict(values: Mapping[str, jax.Array]) -> dict[str, jax.Array]:

@@ -77,8 +77,7 @@ class StochasticRounding(StateWrapper):
     super().__init__(optimizer_def)
     self.seed = int(seed)
 
-  def _twice_hint(self) -> str:
-    return "round once (one key decides each rounding)"
+  twice_hint = "round once (one key decides each rounding)"
 
   def _check(self, params: PyTree) -> None:
     for names, leaf in paths.leaves_with_names(params)[0]:

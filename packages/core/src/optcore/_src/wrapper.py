@@ -157,12 +157,12 @@ class StateWrapper(Wrapper):
       isinstance(d, type(self)) for d in wrapped_chain(optimizer_def)
     ):
       raise TypeError(
-        f"{self.name}({optimizer_def.display_name()}) wraps {self.name} twice; {self._twice_hint()}"
+        f"{self.name}({optimizer_def.display_name()}) wraps {self.name} twice; {self.twice_hint}"
       )
     super().__init__(optimizer_def)
 
-  def _twice_hint(self) -> str:
-    return "wrap it once"
+  #: What the error for a second wrapper of this kind suggests instead.
+  twice_hint: ClassVar[str] = "wrap it once"
 
   def why_not_elementwise(self) -> str | None:
     return f"{self.display_name()} keeps its own parameter-shaped state: it is not grouped"
@@ -228,6 +228,16 @@ def init_in_one_program(init: Any, params: PyTree) -> Any:
   # Constant folding would compute a state made of constants (zeros) while compiling, in
   # memory, as a whole: the detour this function is here to avoid.
   return jax.jit(init, compiler_options={"xla_disable_hlo_passes": "constant_folding"})(params)
+
+
+def one_of(where: str, name: str, value: Any, options: tuple[str, ...], hint: str = "") -> str:
+  """``value`` (a string, case-insensitive) if it is one of ``options``, else ValueError naming
+  ``where``, ``name``, the options and ``hint`` (what each means)."""
+  found = value.lower() if isinstance(value, str) else value
+  if found not in options:
+    hint = f" ({hint})" if hint else ""
+    raise ValueError(f"{where}: {name} must be one of {options}{hint}; got {name}={value!r}")
+  return found
 
 
 def floating_dtype(where: str, name: str, dtype: Any) -> Any:

@@ -16,7 +16,7 @@ from optcore._src.base import OptimizerDef
 from optcore._src.checks import check_float_params
 from optcore._src.optimizer import OptimizerState
 from optcore._src.skip import global_norm
-from optcore._src.wrapper import StateWrapper
+from optcore._src.wrapper import StateWrapper, one_of
 
 PyTree = Any
 
@@ -85,52 +85,38 @@ class ZClip(StateWrapper):
     }
   )
 
-  def __init__(
-    self,
-    optimizer_def: OptimizerDef,
-    alpha: float = 0.97,
-    z_thresh: float = 2.5,
-    max_grad_norm: float | None = 1.0,
-    eps: float = 1e-6,
-    warmup_steps: int = 25,
-    mode: str = "zscore",
-    clip_option: str = "adaptive_scaling",
-    clip_factor: float = 1.0,
-    skip_update_on_spike: bool = False,
-  ):
-    self.alpha = _number("alpha", alpha, 0.0)
-    if self.alpha >= 1:
-      raise ValueError(f"zclip: alpha must be in [0, 1), got alpha={alpha!r}")
-    self.z_thresh = _number("z_thresh", z_thresh, 0.0, strict=True)
-    self.max_grad_norm = (
-      None if max_grad_norm is None else _number("max_grad_norm", max_grad_norm, 0.0, True)
-    )
-    self.eps = _number("eps", eps, 0.0)
-    if not isinstance(warmup_steps, (int, np.integer)) or isinstance(warmup_steps, bool):
-      raise TypeError(f"zclip: warmup_steps must be an int, got {warmup_steps!r}")
-    if warmup_steps < 1:
-      raise ValueError(f"zclip: warmup_steps must be 1 or more, got {warmup_steps!r}")
-    self.warmup_steps = int(warmup_steps)
-    mode = mode.lower() if isinstance(mode, str) else mode
-    if mode not in MODES:
-      raise ValueError(f"zclip: mode must be one of {MODES}, got mode={mode!r}")
-    self.mode = mode
-    clip_option = clip_option.lower() if isinstance(clip_option, str) else clip_option
-    if clip_option not in CLIP_OPTIONS:
-      raise ValueError(
-        f"zclip: clip_option must be one of {CLIP_OPTIONS}, got clip_option={clip_option!r}"
-      )
-    self.clip_option = clip_option
-    self.clip_factor = _number("clip_factor", clip_factor, 0.0, strict=True)
-    if not isinstance(skip_update_on_spike, bool):
+  def __init__(self, optimizer_def: OptimizerDef, **settings: Any):
+    """``settings``: `zclip`'s keywords; the others keep ``config_arguments``' defaults."""
+    unknown = sorted(set(settings) - set(self.config_arguments))
+    if unknown:
       raise TypeError(
-        f"zclip: skip_update_on_spike must be True or False, got {skip_update_on_spike!r}"
+        f"zclip: unknown setting(s) {unknown}; it takes {sorted(self.config_arguments)}"
       )
-    self.skip_update_on_spike = skip_update_on_spike
+    s = {**self.config_arguments, **settings}
+    self.alpha = _number("alpha", s["alpha"], 0.0)
+    if self.alpha >= 1:
+      raise ValueError(f"zclip: alpha must be in [0, 1), got alpha={s['alpha']!r}")
+    self.z_thresh = _number("z_thresh", s["z_thresh"], 0.0, strict=True)
+    cap = s["max_grad_norm"]
+    self.max_grad_norm = None if cap is None else _number("max_grad_norm", cap, 0.0, True)
+    self.eps = _number("eps", s["eps"], 0.0)
+    warmup = s["warmup_steps"]
+    if not isinstance(warmup, (int, np.integer)) or isinstance(warmup, bool):
+      raise TypeError(f"zclip: warmup_steps must be an int, got {warmup!r}")
+    if warmup < 1:
+      raise ValueError(f"zclip: warmup_steps must be 1 or more, got {warmup!r}")
+    self.warmup_steps = int(warmup)
+    self.mode = one_of("zclip", "mode", s["mode"], MODES)
+    self.clip_option = one_of("zclip", "clip_option", s["clip_option"], CLIP_OPTIONS)
+    self.clip_factor = _number("clip_factor", s["clip_factor"], 0.0, strict=True)
+    if not isinstance(s["skip_update_on_spike"], bool):
+      raise TypeError(
+        f"zclip: skip_update_on_spike must be True or False, got {s['skip_update_on_spike']!r}"
+      )
+    self.skip_update_on_spike = s["skip_update_on_spike"]
     super().__init__(optimizer_def)
 
-  def _twice_hint(self) -> str:
-    return "clip once (a second window would judge gradients the first has clipped)"
+  twice_hint = "clip once (a second window would judge gradients the first has clipped)"
 
   def init_state(self, params: PyTree) -> OptimizerState:
     check_float_params(params)
@@ -197,14 +183,7 @@ class ZClip(StateWrapper):
     clip_norm = jnp.minimum(norm, limit)
     return clipped, ZClipState(own.inner, buffer, seen, mean, var, norm, clip_norm)
 
-  def compute_updates(
-    self,
-    hyper_params: Any,
-    params: PyTree | None,
-    state: OptimizerState,
-    grads: PyTree,
-    **extra_args: Any,
-  ) -> tuple[PyTree, OptimizerState]:
+  def compute_updates(self, hyper_params, params, state, grads, **extra_args):
     clipped, own = self.clip(state.param_states, grads)
     updates, inner = self.optimizer_def.compute_updates(
       hyper_params, params, self._inner_state(state), clipped, **extra_args
@@ -291,15 +270,6 @@ def zclip(
     >>> round(float(stats['zclip/grad_norm']), 3), round(float(stats['zclip/clip_norm']), 3)
     (9.0, 0.607)
   """
-  return ZClip(
-    optimizer_def,
-    alpha,
-    z_thresh,
-    max_grad_norm,
-    eps,
-    warmup_steps,
-    mode,
-    clip_option,
-    clip_factor,
-    skip_update_on_spike,
-  )
+  settings = dict(locals())
+  del settings["optimizer_def"]
+  return ZClip(optimizer_def, **settings)
