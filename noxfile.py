@@ -417,7 +417,8 @@ def bench(session: nox.Session) -> None:
   mixed-precision state and accumulation (training_at_scale.py), state at 16, 8 and 4 bits and
   stochastic rounding (low_bit.py), SOAP and Shampoo against AdamW and Muon and the authors' JAX
   Shampoo (matrix_optimizers.py; with `-- --reference SOAP_CLONE --torch-python PY` also the
-  authors' SOAP); writes Markdown and JSON
+  authors' SOAP), MARS, NorMuon, cautious AdamW and ZClip beside them (field_optimizers.py);
+  writes Markdown and JSON
   reports to benchmarks/results/."""
   sync(session, None, "checkpoint")  # training_at_scale.py imports the demo, which saves with orbax
   session.run_install(  # the authors' JAX Shampoo, timed by matrix_optimizers.py
@@ -434,6 +435,7 @@ def bench(session: nox.Session) -> None:
   session.run("python", "benchmarks/robustness.py", *session.posargs)
   session.run("python", "benchmarks/low_bit.py", *session.posargs)
   session.run("python", "benchmarks/matrix_optimizers.py", *session.posargs)
+  session.run("python", "benchmarks/field_optimizers.py", *session.posargs)
   session.run("python", "benchmarks/state_memory.py", env=EIGHT_CPU_DEVICES)
   session.run("python", "benchmarks/zero1.py", env=EIGHT_CPU_DEVICES)
   session.run("python", "benchmarks/training_at_scale.py", *session.posargs)

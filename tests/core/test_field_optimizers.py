@@ -199,6 +199,18 @@ def test_config_and_state_dict_round_trip(opt_def):
     np.testing.assert_array_equal(x, y)
 
 
+@pytest.mark.parametrize("name", ["c_adamw", "mars_amsgrad", "normuon_settings", "zclip_adamw"])
+def test_a_donated_step_runs(name):
+  """Every state array is a buffer of its own: a jitted step that donates the optimizer
+  (as training loops do) runs, twice. ZClip's four scalars were once one array."""
+  params, grads = case_inputs(name)
+  opt = definition(name).create(as_jax(params))
+  step = jax.jit(lambda opt, g: opt.apply_gradient(g), donate_argnums=(0,))
+  for grad in grads[:2]:
+    opt = step(opt, as_jax(grad))
+  assert int(opt.state.step) == 2
+
+
 def test_low_bit_state_quantizes_moments_not_last_grad():
   """MARS keeps the last gradient: a copy, not a moment, so low_bit_state leaves it float."""
   params = {"w": jnp.ones((64, 64))}

@@ -121,15 +121,16 @@ class ZClip(StateWrapper):
   def init_state(self, params: PyTree) -> OptimizerState:
     check_float_params(params)
     inner = self.optimizer_def.init_state(params)
-    zero = jnp.zeros((), jnp.float32)
+    # a buffer of its own each: one array in four fields could not be donated
+    scalar = lambda: jnp.zeros((), jnp.float32)
     own = ZClipState(
       inner.param_states,
       jnp.zeros((self.warmup_steps,), jnp.float32),
       jnp.zeros((), jnp.int32),
-      zero,
-      zero,
-      zero,
-      zero,
+      scalar(),
+      scalar(),
+      scalar(),
+      scalar(),
     )
     return OptimizerState(inner.step, own)
 

@@ -1,0 +1,153 @@
+"""MARS, NorMuon, cautious AdamW and ZClip beside AdamW and Muon on the small transformer of
+matrix_optimizers.py (stacked layers, logical axes).
+
+Three measurements:
+
+  bytes   state bytes per parameter of each, on that model
+  time    each jitted, donated step against optcore's AdamW in the same run, compile-order
+          balanced beside an A/A control (timing.py)
+  loss    N steps of each on synthetic token sequences from a fixed random Markov chain (the
+          same data as matrix_optimizers.py): the held-out loss after them and the curves
+
+  python benchmarks/field_optimizers.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+from pathlib import Path
+
+import jax
+import numpy as np
+import optax
+from matrix_optimizers import SIZES, init_params, model_shapes
+from matrix_optimizers import train as train_all
+from timing import balanced_ratio, device_name, donated_runner
+
+import optcore
+
+RESULTS = Path(__file__).parent / "results"
+
+# Each at the settings its authors publish for small language models, AdamW's where they
+# share one (rate 3e-3, b2 0.95, decay 0.01).
+OPTIMIZERS = {
+  "adamw": lambda axes: optcore.adamw(3e-3, b1=0.9, b2=0.95, weight_decay=0.01),
+  "muon": lambda axes: optcore.contrib.muon(
+    0.02, adam_learning_rate=3e-3, adam_b2=0.95, param_logical_axes=axes
+  ),
+  # MARS' GPT-2 setting (its README): AdamW for the 1-D leaves at the same rate
+  "mars": lambda axes: optcore.contrib.mars(
+    3e-3, b1=0.95, b2=0.99, gamma=0.025, weight_decay=0.01, lr_1d=3e-3, weight_decay_1d=0.01
+  ),
+  "normuon": lambda axes: optcore.contrib.normuon(
+    0.02, adam_learning_rate=3e-3, adam_b2=0.95, param_logical_axes=axes
+  ),
+  "cautious_adamw": lambda axes: optcore.cautious(
+    optcore.adamw(3e-3, b1=0.9, b2=0.95, weight_decay=0.01)
+  ),
+  "zclip_adamw": lambda axes: optcore.zclip(
+    optcore.adamw(3e-3, b1=0.9, b2=0.95, weight_decay=0.01)
+  ),
+}
+
+
+def state_bytes_per_parameter(size: dict) -> dict[str, float]:
+  shapes, axes = model_shapes(**size["model"])
+  params = jax.eval_shape(lambda: init_params(shapes, jax.random.key(0)))
+  count = sum(x.size for x in jax.tree.leaves(params))
+  out = {}
+  for name, make in OPTIMIZERS.items():
+    state = jax.eval_shape(make(axes).init_state, params).param_states
+    out[name] = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state)) / count
+  return out
+
+
+def step_time(size: dict, rounds: int, steps: int) -> dict:
+  """Each optimizer's ratio over AdamW (median, quartiles), the A/A control's, AdamW in ms."""
+  shapes, axes = model_shapes(**size["model"])
+  params = init_params(shapes, jax.random.key(0))
+
+  def build(key):
+    name = "adamw" if key == "control" else key
+    return donated_runner(OPTIMIZERS[name](axes), params, steps)
+
+  out, base_times = {}, []
+  for name in [*[n for n in OPTIMIZERS if n != "adamw"], "control"]:
+    result = balanced_ratio(build, "adamw", name, rounds, steps)
+    out[name] = result["ratio"]
+    base_times += result["base_times"]
+  out["adamw_ms"] = 1e3 * float(np.median(base_times))
+  return out
+
+
+def train(steps: int, size: dict) -> dict:
+  """matrix_optimizers.train's loop and data, with this file's optimizers."""
+  return train_all(steps, size, optimizers=OPTIMIZERS)
+
+
+def band(ratio: list[float]) -> str:
+  return f"x{ratio[0]:.2f} [{ratio[1]:.2f}-{ratio[2]:.2f}]"
+
+
+def report(result: dict, machine: str) -> str:
+  times, loss = result["step_time"], result["loss"]
+  lines = [
+    f"MARS, NorMuon, cautious AdamW and ZClip beside AdamW and Muon ({machine}), on the "
+    f"{result['params']:,}-parameter transformer of matrix_optimizers.py.",
+    "",
+    f"Step time over AdamW's ({times['adamw_ms']:.2f} ms), median [quartiles] of "
+    f"compile-order balanced rounds; A/A control {band(times['control'])}. The loss: "
+    f"{result['train_steps']} steps, held out (the chain's entropy rate, the best reachable, "
+    f"is {loss['entropy']:.3f}).",
+    "",
+    "| optimizer | state bytes / parameter | step time | held-out loss |",
+    "|---|---|---|---|",
+  ]
+  for name in OPTIMIZERS:
+    time = "x1 (the baseline)" if name == "adamw" else band(times[name])
+    lines.append(
+      f"| {name} | {result['bytes_per_parameter'][name]:.2f} | {time} | "
+      f"{loss['runs'][name]['held_out']:.4f} |"
+    )
+  return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--rounds", type=int, default=7)
+  parser.add_argument("--steps", type=int, default=10)
+  parser.add_argument("--train-steps", type=int, default=600)
+  parser.add_argument("--quick", action="store_true")
+  parser.add_argument("--out", default=str(RESULTS), help="where the reports go")
+  args = parser.parse_args()
+  size = SIZES["quick" if args.quick else "full"]
+  if args.quick:
+    args.rounds, args.steps, args.train_steps = 2, 2, 30
+  device = jax.devices()[0]
+  machine = f"{device_name(device)}, {platform.machine()}, jax {jax.__version__}"
+  print(f"device: {machine}; optax {optax.__version__}")
+  shapes, _ = model_shapes(**size["model"])
+  params = sum(
+    int(np.prod(s)) for s in jax.tree.leaves(shapes, is_leaf=lambda x: isinstance(x, tuple))
+  )
+  result = {
+    "size": size,
+    "params": params,
+    "bytes_per_parameter": state_bytes_per_parameter(size),
+    "step_time": step_time(size, args.rounds, args.steps),
+    "train_steps": args.train_steps,
+    "loss": train(args.train_steps, size),
+  }
+  text = report(result, machine)
+  print(text)
+  out = Path(args.out)
+  out.mkdir(exist_ok=True)
+  (out / "field_optimizers.json").write_text(json.dumps({"device": machine, **result}, indent=2))
+  (out / "field_optimizers.md").write_text(text)
+  print(f"wrote {out / 'field_optimizers.md'}")
+
+
+if __name__ == "__main__":
+  main()

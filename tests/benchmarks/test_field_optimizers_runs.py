@@ -1,0 +1,33 @@
+"""benchmarks/field_optimizers.py measures at a tiny size (a smoke run of `nox -s bench`)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+field_optimizers = pytest.importorskip(
+  "field_optimizers", reason="runs in the 'all' venv, beside the other benchmarks"
+)
+
+
+def test_bytes_time_and_loss_are_measured_for_every_optimizer():
+  size = field_optimizers.SIZES["quick"]
+  bpp = field_optimizers.state_bytes_per_parameter(size)
+  assert bpp["adamw"] == pytest.approx(8.0, abs=0.01)  # mu, nu and a count
+  assert bpp["mars"] > bpp["adamw"]  # plus the last gradient
+  assert bpp["normuon"] < bpp["adamw"]  # a momentum and a per-row moment on the matrices
+  assert bpp["cautious_adamw"] == pytest.approx(bpp["adamw"])  # the mask keeps nothing
+  times = field_optimizers.step_time(size, rounds=2, steps=2)
+  for name in (*[n for n in field_optimizers.OPTIMIZERS if n != "adamw"], "control"):
+    ratio, low, high = times[name]
+    assert math.isfinite(ratio) and low <= ratio <= high
+  loss = field_optimizers.train(12, size)
+  assert set(loss["runs"]) == set(field_optimizers.OPTIMIZERS)
+  for run in loss["runs"].values():
+    assert len(run["curve"]) == 12 and all(map(math.isfinite, run["curve"]))
+    assert run["curve"][-1] < run["curve"][0]  # every optimizer trains
+  result = {"size": size, "params": 1000, "bytes_per_parameter": bpp, "step_time": times,
+            "train_steps": 12, "loss": loss}  # fmt: skip
+  text = field_optimizers.report(result, "test machine")
+  assert "| normuon |" in text and "| zclip_adamw |" in text
