@@ -135,10 +135,7 @@ class WithStatistics(StateWrapper):
       strict=True,
     ):
       update = jnp.asarray(new, jnp.float32) - jnp.asarray(old, jnp.float32)
-      if jnp.shape(g) == jnp.shape(new):
-        columns.append(_square_sums(g, update, new))
-      else:  # per-example gradients (dpsgd's): a leading axis of examples
-        columns.append(jnp.concatenate([_square_sums(g), _square_sums(update, new)]))
+      columns.append(_square_sums(g, update, new))
     values = {}
     for name in names:
       mine = [c for c, g in zip(columns, assigned, strict=True) if name == GLOBAL or g == name]
@@ -157,25 +154,29 @@ class WithStatistics(StateWrapper):
     return f"with_statistics({self.optimizer_def!r}{groups})"
 
 
-def _square(x: Any) -> jax.Array:
-  """``|x|^2`` in float32 (a complex gradient's modulus squared)."""
-  x = jnp.asarray(x)
-  if jnp.iscomplexobj(x):
-    return (jnp.abs(x) ** 2).astype(jnp.float32)
-  x = x.astype(jnp.float32)
-  return x * x
+def _square_sum(x: Any) -> jax.Array:
+  """The sum of squares of ``x``'s magnitudes, in float32 (a complex gradient's modulus)."""
+  return jnp.sum(jnp.abs(jnp.asarray(x)).astype(jnp.float32) ** 2)
 
 
-def _square_sums(*arrays: Any) -> jax.Array:
-  """``[sum(|a|^2) for a in arrays]`` (same shapes) as one float32 vector, from one variadic
-  reduction: XLA reads each array once, in one pass, where three sums were three passes
-  (75 bytes a parameter for an adamw step with statistics at 1M parameters in 310 leaves;
-  59 this way, against the plain step's 39)."""
+#: Below this many elements a leaf's three sums are one variadic reduction (one kernel where a
+#: step of many small leaves pays per kernel), above it three plain ones (XLA:CPU vectorizes
+#: those, not a variadic one). Measured on an adamw step (2-core CPU, benchmarks/robustness.py
+#: and issue 52): at 1M parameters in 310 leaves, one reduction x1.83 the plain step and 60
+#: bytes accessed a parameter, three x2.17 and 78; at 4M in 10 leaves, x3.6 against x2.0.
+ONE_REDUCTION_BELOW = 1 << 16
+
+
+def _square_sums(g: Any, update: Any, new: Any) -> jax.Array:
+  """``[sum |g|^2, sum |update|^2, sum |new|^2]`` in float32, as fits the leaf's size."""
+  if jnp.size(new) >= ONE_REDUCTION_BELOW or jnp.shape(g) != jnp.shape(new):
+    # large, or per-example gradients (dpsgd's leading axis of examples)
+    return jnp.stack([_square_sum(g), _square_sum(update), _square_sum(new)])
+  squares = tuple(jnp.abs(jnp.asarray(x)).astype(jnp.float32) ** 2 for x in (g, update, new))
   zero = jnp.zeros((), jnp.float32)
-  squares = tuple(_square(a) for a in arrays)
   sums = jax.lax.reduce(
     squares,
-    (zero,) * len(squares),
+    (zero,) * 3,
     lambda x, y: tuple(a + b for a, b in zip(x, y, strict=True)),
     tuple(range(squares[0].ndim)),
   )
