@@ -415,7 +415,8 @@ def bench(session: nox.Session) -> None:
   bandwidth), the Equinox filter_jit loop, the NNX face against nnx.Optimizer, the grouped
   layout's full train steps, sharded state memory and ZeRO-1 on 8 devices, host offload,
   mixed-precision state and accumulation (training_at_scale.py), state at 16, 8 and 4 bits and
-  stochastic rounding (low_bit.py), SOAP and Shampoo against AdamW and Muon and the authors' JAX
+  stochastic rounding (low_bit.py), the 8-bit step against a hand-written one (low_bit_peer.py),
+  SOAP and Shampoo against AdamW and Muon and the authors' JAX
   Shampoo (matrix_optimizers.py; with `-- --reference SOAP_CLONE --torch-python PY` also the
   authors' SOAP), MARS, NorMuon, cautious AdamW and ZClip beside them (field_optimizers.py);
   writes Markdown and JSON
@@ -434,6 +435,7 @@ def bench(session: nox.Session) -> None:
   session.run("python", "benchmarks/nnx_step.py", *session.posargs)
   session.run("python", "benchmarks/robustness.py", *session.posargs)
   session.run("python", "benchmarks/low_bit.py", *session.posargs)
+  session.run("python", "benchmarks/low_bit_peer.py", *session.posargs)
   session.run("python", "benchmarks/matrix_optimizers.py", *session.posargs)
   session.run("python", "benchmarks/field_optimizers.py", *session.posargs)
   session.run("python", "benchmarks/state_memory.py", env=EIGHT_CPU_DEVICES)
