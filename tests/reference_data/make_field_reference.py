@@ -6,7 +6,9 @@ code for the optimizers of issue 51, on the cases of `field_inputs.py`:
 - MARS: ``MARS/optimizers/mars.py`` of github.com/AGI-Arena/MARS;
 - NorMuon: ``SingleDeviceNorMuonWithAuxAdam`` of ``normuon.py``, github.com/zichongli5/NorMuon,
   with its one bfloat16 cast (the Newton-Schulz input) made a no-op while it steps, so the
-  iteration runs in float32 on float32 parameters as issue 51 asks;
+  iteration runs in float32 on float32 parameters as issue 51 asks. As written, d45c9a4 cannot
+  step float32 parameters: its Newton-Schulz returns bfloat16 and ``second_momentum.lerp_``
+  refuses it ("expected dtype float for `end` but got dtype c10::BFloat16");
 - ZClip: ``zclip/zclip.py`` of github.com/bluorion-com/ZClip, called after ``backward`` and
   before torch's own SGD or AdamW step, as its README says.
 
