@@ -20,11 +20,10 @@ import platform
 from pathlib import Path
 
 import jax
-import numpy as np
+import matrix_optimizers
 import optax
-from matrix_optimizers import SIZES, init_params, model_shapes
-from matrix_optimizers import train as train_all
-from timing import balanced_ratio, device_name, donated_runner
+from matrix_optimizers import SIZES, band, parameter_count
+from timing import device_name
 
 import optcore
 
@@ -54,43 +53,19 @@ OPTIMIZERS = {
 
 
 def state_bytes_per_parameter(size: dict) -> dict[str, float]:
-  shapes, axes = model_shapes(**size["model"])
-  params = jax.eval_shape(lambda: init_params(shapes, jax.random.key(0)))
-  count = sum(x.size for x in jax.tree.leaves(params))
-  out = {}
-  for name, make in OPTIMIZERS.items():
-    state = jax.eval_shape(make(axes).init_state, params).param_states
-    out[name] = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state)) / count
-  return out
+  return matrix_optimizers.state_bytes_per_parameter(size, OPTIMIZERS)
 
 
 def step_time(size: dict, rounds: int, steps: int, names: tuple[str, ...] | None = None) -> dict:
   """Each optimizer's ratio over AdamW (median, quartiles), the A/A control's, AdamW in ms;
   ``names``: the optimizers timed (None: all)."""
-  shapes, axes = model_shapes(**size["model"])
-  params = init_params(shapes, jax.random.key(0))
-
-  def build(key):
-    name = "adamw" if key == "control" else key
-    return donated_runner(OPTIMIZERS[name](axes), params, steps)
-
-  out, base_times = {}, []
   names = names or tuple(n for n in OPTIMIZERS if n != "adamw")
-  for name in [*names, "control"]:
-    result = balanced_ratio(build, "adamw", name, rounds, steps)
-    out[name] = result["ratio"]
-    base_times += result["base_times"]
-  out["adamw_ms"] = 1e3 * float(np.median(base_times))
-  return out
+  return matrix_optimizers.step_time(size, rounds, steps, names, OPTIMIZERS)
 
 
 def train(steps: int, size: dict) -> dict:
   """matrix_optimizers.train's loop and data, with this file's optimizers."""
-  return train_all(steps, size, optimizers=OPTIMIZERS)
-
-
-def band(ratio: list[float]) -> str:
-  return f"x{ratio[0]:.2f} [{ratio[1]:.2f}-{ratio[2]:.2f}]"
+  return matrix_optimizers.train(steps, size, optimizers=OPTIMIZERS)
 
 
 def report(result: dict, machine: str) -> str:
@@ -130,13 +105,9 @@ def main() -> None:
   device = jax.devices()[0]
   machine = f"{device_name(device)}, {platform.machine()}, jax {jax.__version__}"
   print(f"device: {machine}; optax {optax.__version__}")
-  shapes, _ = model_shapes(**size["model"])
-  params = sum(
-    int(np.prod(s)) for s in jax.tree.leaves(shapes, is_leaf=lambda x: isinstance(x, tuple))
-  )
   result = {
     "size": size,
-    "params": params,
+    "params": parameter_count(size),
     "bytes_per_parameter": state_bytes_per_parameter(size),
     "step_time": step_time(size, args.rounds, args.steps),
     "train_steps": args.train_steps,

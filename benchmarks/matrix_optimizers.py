@@ -203,28 +203,45 @@ def steps_to(curve: list[float], target: float, window: int = 20) -> int | None:
   return int(hits[0]) + window if len(hits) else None
 
 
-def state_bytes_per_parameter(size: dict) -> dict[str, float]:
+def parameter_count(size: dict) -> int:
+  """The model's parameters at ``size``."""
+  shapes, _ = model_shapes(**size["model"])
+  return sum(
+    int(np.prod(s)) for s in jax.tree.leaves(shapes, is_leaf=lambda x: isinstance(x, tuple))
+  )
+
+
+def state_bytes_per_parameter(size: dict, optimizers: dict | None = None) -> dict[str, float]:
+  """Each of ``optimizers``' (None: `OPTIMIZERS`) state bytes per parameter on the model."""
   shapes, axes = model_shapes(**size["model"])
   params = jax.eval_shape(lambda: init_params(shapes, jax.random.key(0)))
   count = sum(x.size for x in jax.tree.leaves(params))
   out = {}
-  for name, make in OPTIMIZERS.items():
+  for name, make in (optimizers or OPTIMIZERS).items():
     state = jax.eval_shape(make(axes).init_state, params).param_states
     out[name] = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state)) / count
   return out
 
 
-def step_time(size: dict, rounds: int, steps: int) -> dict:
-  """SOAP's and the control's ratios over AdamW (median, quartiles) and AdamW's step in ms."""
+def step_time(
+  size: dict,
+  rounds: int,
+  steps: int,
+  names: tuple[str, ...] = ("soap", "shampoo"),
+  optimizers: dict | None = None,
+) -> dict:
+  """``names``' and the A/A control's ratios over AdamW (median, quartiles) and AdamW's step
+  in ms, each of ``optimizers`` (None: `OPTIMIZERS`, which must hold ``"adamw"``)."""
+  optimizers = optimizers or OPTIMIZERS
   shapes, axes = model_shapes(**size["model"])
   params = init_params(shapes, jax.random.key(0))
 
   def build(key):
     name = "adamw" if key == "control" else key
-    return donated_runner(OPTIMIZERS[name](axes), params, steps)
+    return donated_runner(optimizers[name](axes), params, steps)
 
   out, base_times = {}, []
-  for name in ("soap", "shampoo", "control"):
+  for name in (*names, "control"):
     result = balanced_ratio(build, "adamw", name, rounds, steps)
     out[name] = result["ratio"]
     base_times += result["base_times"]
@@ -408,13 +425,9 @@ def main() -> None:
   device = jax.devices()[0]
   machine = f"{device_name(device)}, {platform.machine()}, jax {jax.__version__}"
   print(f"device: {machine}; optax {optax.__version__}")
-  shapes, _ = model_shapes(**size["model"])
-  params = sum(
-    int(np.prod(s)) for s in jax.tree.leaves(shapes, is_leaf=lambda x: isinstance(x, tuple))
-  )
   result = {
     "size": size,
-    "params": params,
+    "params": parameter_count(size),
     "bytes_per_parameter": state_bytes_per_parameter(size),
     "step_time": step_time(size, args.rounds, args.steps),
     "timed_steps": args.steps,
