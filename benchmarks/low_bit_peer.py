@@ -23,7 +23,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-from timing import balanced_ratio, core_step, device_name
+from timing import balanced_ratio, core_step, device_name, donated_runner
 
 import optcore
 from optcore import QuantizedArray
@@ -79,21 +79,9 @@ def peer_runner(params: dict, grads: dict, steps: int):
   return run, step, holder
 
 
-def optcore_runner(params: dict, grads: dict, steps: int):
+def optcore_def() -> optcore.OptimizerDef:
   # min_size=0: every leaf quantized, as the peer quantizes them (a smoke run's are small)
-  opt_def = optcore.low_bit_state(optcore.adam(LR), bits=8, min_size=0)
-  opt = opt_def.create(jax.tree.map(jnp.copy, params))
-  step = core_step()
-  holder = [opt]
-
-  def run() -> None:
-    (o,) = holder
-    for _ in range(steps):
-      o = step(o, grads)
-    jax.block_until_ready(o)
-    holder[:] = [o]
-
-  return run, step, holder
+  return optcore.low_bit_state(optcore.adam(LR), bits=8, min_size=0)
 
 
 def costs(step, *args) -> tuple[float, float]:
@@ -109,12 +97,12 @@ def measure(total: int, rounds: int, steps: int) -> dict:
   grads = jax.tree.map(lambda p: 1e-3 * jnp.ones_like(p), params)
   _, step, holder = peer_runner(params, grads, steps)
   peer_bytes, peer_temps = costs(step, *holder, grads)
-  _, step, holder = optcore_runner(params, grads, steps)
-  core_bytes, core_temps = costs(step, *holder, grads)
+  core_bytes, core_temps = costs(core_step(), optcore_def().create(params), grads)
   builders = {
     "peer": lambda: peer_runner(params, grads, steps)[0],
     "control": lambda: peer_runner(params, grads, steps)[0],
-    "optcore": lambda: optcore_runner(params, grads, steps)[0],
+    # timing.donated_runner steps on the same gradients of 1e-3
+    "optcore": lambda: donated_runner(optcore_def(), params, steps),
   }
   build = lambda key: builders[key]()
   return {

@@ -16,9 +16,7 @@ def test_the_peer_is_adam_at_8_bits_and_both_are_measured():
   grads = {k: 0.1 * p for k, p in params.items()}
   run, _, holder = low_bit_peer.peer_runner(params, grads, steps=1)
   run()
-  import optcore
-
-  opt = optcore.low_bit_state(optcore.adam(low_bit_peer.LR), bits=8, min_size=0).create(params)
+  opt = low_bit_peer.optcore_def().create(params)
   opt = opt.apply_gradient(grads)
   # the same algorithm on the same maps: one step of each moves the parameters alike
   for k in params:
