@@ -154,9 +154,14 @@ class WithStatistics(StateWrapper):
     return f"with_statistics({self.optimizer_def!r}{groups})"
 
 
+def _square(x: Any) -> jax.Array:
+  """``|x|^2`` elementwise in float32 (a complex gradient's modulus)."""
+  return jnp.abs(jnp.asarray(x)).astype(jnp.float32) ** 2
+
+
 def _square_sum(x: Any) -> jax.Array:
-  """The sum of squares of ``x``'s magnitudes, in float32 (a complex gradient's modulus)."""
-  return jnp.sum(jnp.abs(jnp.asarray(x)).astype(jnp.float32) ** 2)
+  """The sum of squares of ``x``'s magnitudes, in float32."""
+  return jnp.sum(_square(x))
 
 
 #: Below this many elements a leaf's three sums are one variadic reduction (one kernel where a
@@ -172,7 +177,7 @@ def _square_sums(g: Any, update: Any, new: Any) -> jax.Array:
   if jnp.size(new) >= ONE_REDUCTION_BELOW or jnp.shape(g) != jnp.shape(new):
     # large, or per-example gradients (dpsgd's leading axis of examples)
     return jnp.stack([_square_sum(g), _square_sum(update), _square_sum(new)])
-  squares = tuple(jnp.abs(jnp.asarray(x)).astype(jnp.float32) ** 2 for x in (g, update, new))
+  squares = tuple(_square(x) for x in (g, update, new))
   zero = jnp.zeros((), jnp.float32)
   sums = jax.lax.reduce(
     squares,
