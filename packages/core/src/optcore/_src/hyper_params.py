@@ -51,6 +51,18 @@ def is_schedule(value: Any, name: Any = None) -> bool:
   return bool(getattr(value, "is_schedule", False)) and callable(value)
 
 
+def value_at(value: Any, count: Any) -> Any:
+  """A rate given as a number or a schedule, at ``count``: what an optax transformation's
+  ``update`` reads (``learning_rate(count)`` where it is callable, else itself).
+
+  Example:
+    >>> from optcore._src.hyper_params import value_at
+    >>> value_at(0.1, 3), value_at(lambda count: 0.5**count, 3)
+    (0.1, 0.125)
+  """
+  return value(count) if callable(value) else value
+
+
 def at_step(hyper_params: Any, step: Any) -> Any:
   """``hyper_params`` with each schedule replaced by its value at ``step`` (the
   number of updates before this one, as optax counts): how a per-parameter

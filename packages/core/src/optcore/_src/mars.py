@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import optax
 
 from optcore._src import optax_rules
+from optcore._src.hyper_params import value_at
 
 PyTree = Any
 
@@ -45,10 +46,6 @@ class MarsState(NamedTuple):
   exp_avg_sq: PyTree
   max_exp_avg_sq: PyTree
   last_grad: PyTree
-
-
-def _at(value: Any, count: jax.Array) -> Any:
-  return value(count) if callable(value) else value
 
 
 def mars(
@@ -143,8 +140,8 @@ def mars(
       )
     count = state.count + 1
     t = count.astype(jnp.float32)
-    lr = _at(learning_rate, state.count)
-    lr_small = _at(lr_1d, state.count)
+    lr = value_at(learning_rate, state.count)
+    lr_small = value_at(lr_1d, state.count)
     correction = gamma * (b1 / (1.0 - b1))
 
     def leaf(g, p, m, v, vmax, last):

@@ -26,6 +26,7 @@ from jax.sharding import PartitionSpec
 
 from optcore._src import optax_rules
 from optcore._src import partition_rules as pr
+from optcore._src.hyper_params import value_at
 from optcore._src.matrix_axes import check_rules_with_axes, dimension_roles, split_batch
 from optcore._src.soap import _lerp
 
@@ -187,10 +188,8 @@ def normuon(
         "state, params)."
       )
     count = state.count + 1
-    lr = learning_rate(state.count) if callable(learning_rate) else learning_rate
-    adam_lr = (
-      adam_learning_rate(state.count) if callable(adam_learning_rate) else adam_learning_rate
-    )
+    lr = value_at(learning_rate, state.count)
+    adam_lr = value_at(adam_learning_rate, state.count)
     leaves, treedef = jax.tree.flatten(updates)
     flat = [treedef.flatten_up_to(x) for x in (params, state.momentum, state.second_momentum)]
     out = []

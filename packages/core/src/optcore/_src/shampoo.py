@@ -38,6 +38,7 @@ from jax.sharding import PartitionSpec
 
 from optcore._src import optax_rules
 from optcore._src import partition_rules as pr
+from optcore._src.hyper_params import value_at
 from optcore._src.matrix_axes import (
   check_rules_with_axes,
   dimension_roles,
@@ -657,7 +658,7 @@ def shampoo(
         "(params=...) or set weight_decay=0"
       )
     step = state.count
-    lr = learning_rate(step) if callable(learning_rate) else learning_rate
+    lr = value_at(learning_rate, step)
     flat = treedef.flatten_up_to
     param_leaves = [None] * len(leaves) if params is None else flat(params)
     stats_old, precs_old = flat(state.statistics), flat(state.preconditioners)

@@ -36,6 +36,7 @@ from jax.sharding import PartitionSpec
 
 from optcore._src import optax_rules, paths
 from optcore._src import partition_rules as pr
+from optcore._src.hyper_params import value_at
 from optcore._src.matrix_axes import (
   check_rules_with_axes,
   dimension_roles,
@@ -466,7 +467,7 @@ def soap(
       )
     count = state.count
     step = count.astype(jnp.float32)
-    lr = learning_rate(count - 1) if callable(learning_rate) else learning_rate
+    lr = value_at(learning_rate, count - 1)
     h = dict(b1=b1, b2=b2, eps=eps, normalize_grads=normalize_grads)
     if correct_bias:  # at the set-up call (count 0) no step is taken: count 1's value
       adam_step = jnp.maximum(step, 1.0)
