@@ -125,6 +125,16 @@ class Wrapper(OptimizerDef):
   def _static_key(self) -> tuple:
     return (type(self), self.optimizer_def, *(getattr(self, a) for a in self.config_arguments))
 
+  def __repr__(self) -> str:
+    """``name(wrapped, setting=value, ...)`` with the config arguments away from their
+    defaults (a wrapper whose repr needs more writes its own)."""
+    changed = [
+      f"{name}={getattr(self, name)!r}"
+      for name, default in self.config_arguments.items()
+      if default is REQUIRED or getattr(self, name) != default
+    ]
+    return f"{self.name}({', '.join([repr(self.optimizer_def), *changed])})"
+
 
 class StateWrapper(Wrapper):
   """A `Wrapper` with state of its own: a ``state_type`` NamedTuple around the wrapped

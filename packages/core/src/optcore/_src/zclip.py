@@ -203,14 +203,6 @@ class ZClip(StateWrapper):
     scalar = PartitionSpec()
     return ZClipState(inner, PartitionSpec(None), scalar, scalar, scalar, scalar, scalar)
 
-  def __repr__(self) -> str:
-    changed = [
-      f"{name}={getattr(self, name)!r}"
-      for name, default in self.config_arguments.items()
-      if getattr(self, name) != default
-    ]
-    return f"zclip({', '.join([repr(self.optimizer_def), *changed])})"
-
 
 def zclip(
   optimizer_def: OptimizerDef,
