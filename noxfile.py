@@ -157,6 +157,7 @@ FLOAT_SENSITIVE = {
     "tests/core/test_low_bit_state.py",
     "tests/core/test_wrapper_orders.py",
     "tests/core/test_field_optimizers.py",
+    "tests/core/test_dion.py",
   ],
   "flax": [
     "tests/flax/test_shampoo_flax.py",
@@ -168,6 +169,7 @@ FLOAT_SENSITIVE = {
     "tests/distributed/test_soap_mesh.py",
     "tests/distributed/test_grouped_sharding.py",
     "tests/distributed/test_low_bit_mesh.py",
+    "tests/distributed/test_field_optimizers_mesh.py",
     "tests/conformance/test_grouped_faces.py",
   ],
 }

@@ -1,4 +1,4 @@
-"""MARS, NorMuon, cautious AdamW and ZClip beside AdamW and Muon on the small transformer of
+"""MARS, NorMuon, Dion, cautious AdamW and ZClip beside AdamW and Muon on the small transformer of
 matrix_optimizers.py (stacked layers, logical axes).
 
 Three measurements:
@@ -43,6 +43,11 @@ OPTIMIZERS = {
   "normuon": lambda axes: optcore.contrib.normuon(
     0.02, adam_learning_rate=3e-3, adam_b2=0.95, param_logical_axes=axes
   ),
+  # Dion's 160M setting (configs/dion_160m.yaml): rate 0.02, rank fraction 0.5, AdamW for
+  # the rest at the same rate, as one group of the reference
+  "dion": lambda axes: optcore.contrib.dion(
+    0.02, mu=0.95, weight_decay=0.01, rank_fraction=0.5, param_logical_axes=axes
+  ),
   "cautious_adamw": lambda axes: optcore.cautious(
     optcore.adamw(3e-3, b1=0.9, b2=0.95, weight_decay=0.01)
   ),
@@ -71,7 +76,7 @@ def train(steps: int, size: dict) -> dict:
 def report(result: dict, machine: str) -> str:
   times, loss = result["step_time"], result["loss"]
   lines = [
-    f"MARS, NorMuon, cautious AdamW and ZClip beside AdamW and Muon ({machine}), on the "
+    f"MARS, NorMuon, Dion, cautious AdamW and ZClip beside AdamW and Muon ({machine}), on the "
     f"{result['params']:,}-parameter transformer of matrix_optimizers.py.",
     "",
     f"Step time over AdamW's ({times['adamw_ms']:.2f} ms), median [quartiles] of "

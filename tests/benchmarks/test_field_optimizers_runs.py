@@ -18,6 +18,8 @@ def test_bytes_time_and_loss_are_measured_for_every_optimizer():
   assert bpp["mars"] > bpp["adamw"]  # plus the last gradient
   assert bpp["normuon"] < bpp["adamw"]  # a momentum and a per-row moment on the matrices
   assert bpp["cautious_adamw"] == pytest.approx(bpp["adamw"])  # the mask keeps nothing
+  # a momentum and the small right factors Q on the matrices; AdamW's two moments elsewhere
+  assert bpp["normuon"] < bpp["dion"] < bpp["adamw"]
   # two of them (each comparison compiles four programs); the loop is the same for every one
   times = field_optimizers.step_time(size, rounds=2, steps=2, names=("mars", "zclip_adamw"))
   for name in ("mars", "zclip_adamw", "control"):
@@ -32,4 +34,4 @@ def test_bytes_time_and_loss_are_measured_for_every_optimizer():
   result = {"size": size, "params": 1000, "bytes_per_parameter": bpp, "step_time": times,
             "train_steps": 12, "loss": loss}  # fmt: skip
   text = field_optimizers.report(result, "test machine")
-  assert "| normuon |" in text and "| zclip_adamw |" in text
+  assert "| normuon |" in text and "| dion |" in text and "| zclip_adamw |" in text

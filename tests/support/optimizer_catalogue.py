@@ -158,6 +158,8 @@ CASES = [
   Case("contrib.mars", {**LR, "weight_decay": 0.1}, frozen_at_zero_lr=False),
   # The non-matrix leaves follow adam_learning_rate: a rate of 0 freezes the matrices only.
   Case("contrib.normuon", {**LR, "weight_decay": 0.1}, frozen_at_zero_lr=False),
+  # One rate for the matrices and the rest, as one group of the reference.
+  Case("contrib.dion", {**LR, "weight_decay": 0.1}),
   Case("contrib.sophia", LR, extra="obj_fn"),
   Case(
     "contrib.split_real_and_imaginary", {}, lr_name=None, make_args=lambda c: {"inner": _base(c)}

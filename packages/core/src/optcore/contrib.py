@@ -1,7 +1,7 @@
 """optax.contrib's optimizers as optcore definitions: ``optcore.contrib.<name>``.
 
 Also optcore's own optimizers with no optax original (`OWN_OPTIMIZERS`: ``soap``, ``shampoo``,
-``mars``, ``normuon``).
+``mars``, ``normuon``, ``dion``).
 Optimizer wrappers (mechanize, sam, schedule_free, split_real_and_imaginary)
 take optax transformations or optcore definitions. The list is written out,
 one line each, so that IDEs and type checkers see every name, and
@@ -19,6 +19,8 @@ Example:
 
 import optax.contrib as _contrib
 
+from optcore._src.dion import DionState as DionState
+from optcore._src.dion import dion as _dion
 from optcore._src.mars import MarsState as MarsState
 from optcore._src.mars import mars as _mars
 from optcore._src.matrix_axes import muon_with_axes as _muon_with_axes
@@ -66,10 +68,12 @@ shampoo = _wrap(_shampoo, name="contrib.shampoo")
 mars = _wrap(_mars, name="contrib.mars")
 # NorMuon: Muon with per-row second moments, its numbers the authors' (the same page).
 normuon = _wrap(_normuon, name="contrib.normuon")
+# Dion: low-rank orthonormalised updates with error feedback, its numbers the authors'.
+dion = _wrap(_dion, name="contrib.dion")
 
 #: optcore's own optimizers above (no optax original); a config may also name them without
 #: ``contrib.`` (``{"name": "soap"}``).
-OWN_OPTIMIZERS: tuple[str, ...] = ("soap", "shampoo", "mars", "normuon")
+OWN_OPTIMIZERS: tuple[str, ...] = ("soap", "shampoo", "mars", "normuon", "dion")
 
 #: The optax.contrib optimizers wrapped above: read from this module, so a line added
 #: above is a contrib optimizer everywhere (``optcore.contrib.<name>``, configs).
@@ -78,6 +82,7 @@ CONTRIB_OPTIMIZERS: tuple[str, ...] = (*_wrapped_names(globals(), _contrib), *OW
 __all__ = [
   "CONTRIB_OPTIMIZERS",
   "OWN_OPTIMIZERS",
+  "DionState",
   "GraftingType",
   "MarsState",
   "NorMuonState",

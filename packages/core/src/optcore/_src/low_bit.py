@@ -56,6 +56,7 @@ SECOND_MOMENTS = frozenset(
     "exp_avg_sq",  # SOAP's, Prodigy's, D-Adaptation's, MoMo-Adam's, MARS'
     "max_exp_avg_sq",  # MARS' amsgrad
     "second_momentum",  # NorMuon's (per row; its auxiliary Adam's exp_avg_sq)
+    "variance",  # Dion's AdamW
     "diagonal_statistics",  # Shampoo's AdaGrad and RMSProp grafts
   }
 )

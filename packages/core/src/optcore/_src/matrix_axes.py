@@ -226,6 +226,33 @@ def split_batch(
   return roles, batch, kept, tuple(shape[d] for d in kept)
 
 
+def matrix_layouts(
+  optimizer: str, params: PyTree, param_logical_axes: PyTree, rules: Mapping[str, str] | None
+) -> list[tuple[tuple[int, ...], int, int] | None]:
+  """Per leaf of ``params`` (flattened), ``(batch, rows, cols)`` dimensions where an
+  optimizer of whole matrices (NorMuon, Dion) takes it, None where its element-wise branch
+  does: without logical axes the 2-D leaves (the rule of their authors' code, given its
+  hidden matrices); with them, exactly two matrix dimensions by `dimension_roles` and no
+  ``'adam'`` one, ``'batch'`` dimensions taken as separate matrices.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from optcore._src.matrix_axes import matrix_layouts
+    >>> matrix_layouts("x", {"b": jnp.zeros(3), "w": jnp.zeros((3, 2))}, None, None)
+    [None, ((), 0, 1)]
+  """
+  leaves, treedef = jax.tree.flatten(params)
+  if param_logical_axes is None:
+    return [((), 0, 1) if p.ndim == 2 else None for p in leaves]
+  found = treedef.flatten_up_to(dimension_roles(optimizer, params, param_logical_axes, rules))
+  out = []
+  for p, found_roles in zip(leaves, found, strict=True):
+    roles, batch, kept, _ = split_batch(tuple(p.shape), found_roles)
+    matrix = len(kept) == 2 and not any(roles[d] == "adam" for d in kept)
+    out.append((batch, kept[0], kept[1]) if matrix else None)
+  return out
+
+
 def on_copies(
   shape: tuple[int, ...], batch_dims: tuple[int, ...], one_copy: Any, per_param: tuple,
   per_factor: tuple, *, unrolled: bool = False,

@@ -27,7 +27,7 @@ from jax.sharding import PartitionSpec
 from optcore._src import optax_rules
 from optcore._src import partition_rules as pr
 from optcore._src.hyper_params import value_at
-from optcore._src.matrix_axes import check_rules_with_axes, dimension_roles, split_batch
+from optcore._src.matrix_axes import check_rules_with_axes, matrix_layouts
 from optcore._src.soap import _lerp
 
 PyTree = Any
@@ -72,18 +72,6 @@ def newton_schulz5(g: jax.Array, steps: int = 5) -> jax.Array:
     gram = mm(x, jnp.swapaxes(x, -1, -2))
     x = a * x + mm(b * gram + c * mm(gram, gram), x)
   return jnp.swapaxes(x, -1, -2) if tall else x
-
-
-def _matrix_dims(shape: tuple[int, ...], roles: tuple[str, ...] | None) -> tuple | None:
-  """``(batch, rows, cols)`` dimensions of a leaf NorMuon takes, or None for Adam: without
-  roles a 2-D leaf (the reference's rule); with roles, exactly two matrix dimensions and no
-  ``'adam'`` one."""
-  if roles is None:
-    return ((), 0, 1) if len(shape) == 2 else None
-  roles, batch, kept, _ = split_batch(shape, roles)
-  if len(kept) != 2 or any(roles[d] == "adam" for d in kept):
-    return None
-  return batch, kept[0], kept[1]
 
 
 def normuon(
@@ -143,13 +131,7 @@ def normuon(
   check_rules_with_axes("normuon", param_logical_axes, matrix_rules)
 
   def layouts(params: PyTree) -> list:
-    leaves, treedef = jax.tree.flatten(params)
-    if param_logical_axes is None:
-      roles = [None] * len(leaves)
-    else:
-      found = dimension_roles("normuon", params, param_logical_axes, matrix_rules)
-      roles = treedef.flatten_up_to(found)
-    return [_matrix_dims(tuple(p.shape), r) for p, r in zip(leaves, roles, strict=True)]
+    return matrix_layouts("normuon", params, param_logical_axes, matrix_rules)
 
   def init_fn(params: PyTree) -> NorMuonState:
     leaves, treedef = jax.tree.flatten(params)
