@@ -339,26 +339,35 @@ def demo(session: nox.Session) -> None:
 # The libraries low_bit_state is held to, pinned (their numbers are committed in
 # tests/reference_data/low_bit_reference.npz), and torch's CPU build.
 LOW_BIT_REFERENCE = ["torch==2.13.0+cpu", "bitsandbytes==0.50.2", "torchao==0.18.0"]
+#: The one author's package of issue 51 on PyPI (its zclip.py is the clone's that wrote
+#: field_reference.npz); MARS, C-Optim, NorMuon and Dion are on GitHub only, which CI cannot
+#: reach: their scripts run by hand from clones (tests/reference_data/make_*_reference.py).
+FIELD_REFERENCE = ["zclip==1.0.0"]
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
 
 @nox.session(python=PYTHONS[0])
 def reference(session: nox.Session) -> None:
   """bitsandbytes and torchao (torch on CPU) write the low-bit reference data anew, the
-  committed file must equal it, and low_bit_state's tests run against it: one Python, one
-  environment, apart from the test matrix. torch's CPU wheel comes from pip's find-links
+  committed file must equal it, and low_bit_state's tests run against it; zclip writes its
+  trajectories anew and the committed ones must equal them: one Python, one environment,
+  apart from the test matrix. torch's CPU wheel comes from pip's find-links
   (PIP_FIND_LINKS, a local wheel) where it is set, else from PyTorch's CPU index."""
   sync(session, "optcore", "test")
   links = os.environ.get("PIP_FIND_LINKS")
   where = ["--find-links", links] if links else ["--extra-index-url", TORCH_CPU_INDEX]
   session.run_install(
     "uv", "pip", "install", "--python", session.virtualenv.location, *where,
-    *LOW_BIT_REFERENCE, external=True,
+    *LOW_BIT_REFERENCE, *FIELD_REFERENCE, external=True,
   )  # fmt: skip
   fresh = os.path.join(session.create_tmp(), "low_bit_reference.npz")
   session.run("python", "tests/reference_data/make_low_bit_reference.py", fresh)
-  env = {"OPTCORE_LOW_BIT_REFERENCE": fresh}
-  run_pytest(session, ["tests/core/test_low_bit_state.py"], env=env)
+  field = os.path.join(session.create_tmp(), "field_reference_zclip.npz")
+  script = "tests/reference_data/make_field_reference.py"
+  session.run("python", script, "--zclip-only", field)
+  env = {"OPTCORE_LOW_BIT_REFERENCE": fresh, "OPTCORE_FIELD_REFERENCE": field}
+  tests = ["tests/core/test_low_bit_state.py", "tests/core/test_field_optimizers.py"]
+  run_pytest(session, tests, env=env)
 
 
 #: The authors' JAX Shampoo, as its continuation on PyPI (make_shampoo_reference.py in

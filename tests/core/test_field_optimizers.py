@@ -13,6 +13,7 @@ instruction sets alike. ``ATOL`` is four times that.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -85,6 +86,20 @@ def check_step(name: str, step: int, params: dict, route: str) -> None:
       np.asarray(value), expected, rtol=0, atol=ATOL,
       err_msg=f"{name} through {route}, step {step}, leaf {key!r}",
     )  # fmt: skip
+
+
+def test_the_committed_zclip_data_is_what_zclip_writes_now():
+  """Run by ``nox -s reference``, where zclip from PyPI (its ``zclip.py`` the clone's, byte for
+  byte) has just written the ZClip cases (``make_field_reference.py --zclip-only``)."""
+  fresh = os.environ.get("OPTCORE_FIELD_REFERENCE")
+  if not fresh:
+    pytest.skip("needs the ZClip data zclip wrote in this run: nox -s reference")
+  zclip_cases = {name for name in CASES if CASES[name][2] is not None}
+  with np.load(fresh) as data:
+    keys = [k for k in data.files if not k.startswith("meta/")]
+    assert {k.split("/")[0] for k in keys} == zclip_cases
+    for key in keys:
+      np.testing.assert_array_equal(REFERENCE[key], data[key], err_msg=key)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

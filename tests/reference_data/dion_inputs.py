@@ -4,9 +4,11 @@ code (`make_dion_reference.py`) and, through the file it writes, by
 
 NumPy only. Each case is the reference's keyword arguments (its own names: ``lr``,
 ``betas``) and the ``algorithm`` of the group that holds the leaves that are not matrices.
-The matrices are ``w`` (tall: Dion on ``M``) and ``v`` (wide: on ``M^T``); ``b`` and ``s``
-take the scalar algorithm, in a second group with the same settings, as one optcore
-definition gives them.
+The matrices are ``w`` (tall: Dion on ``M``), ``v`` (wide: on ``M^T``) and ``u`` (square: at
+full rank ``P`` is square, where ``'rcqr'`` takes Householder QR and ``'cqr'`` still Cholesky);
+``b`` and ``s`` take the scalar algorithm, in a second group with the same settings, as one
+optcore definition gives them. The reference refuses tensors of more than two dimensions in
+every group, so there are none here.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ import numpy as np
 
 STEPS = 12
 
-SHAPES = {"w": (6, 4), "v": (3, 5), "b": (4,), "s": ()}
-MATRICES = ("w", "v")
+SHAPES = {"w": (6, 4), "v": (3, 5), "u": (4, 4), "b": (4,), "s": ()}
+MATRICES = ("w", "v", "u")
 
 #: name -> (the reference's keyword arguments, the other group's algorithm)
 CASES: dict[str, tuple[dict, str]] = {

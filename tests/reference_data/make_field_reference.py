@@ -23,6 +23,13 @@ ZClip 584ce4f and NorMuon d45c9a4, torch 2.13.0 on CPU):
     python tests/reference_data/make_field_reference.py /tmp/C-Optim /tmp/MARS /tmp/ZClip \
       /tmp/NorMuon [OUT]
 
+ZClip alone is on PyPI, as ``zclip==1.0.0``, whose ``zclip/zclip.py`` is the clone's byte for
+byte. With ``--zclip-only`` the script writes the ZClip cases from that installed package and
+needs no clone; ``nox -s reference`` does that, and the test then checks the committed ZClip
+trajectories against the fresh ones:
+
+    python tests/reference_data/make_field_reference.py --zclip-only OUT
+
 The tests (`tests/core/test_field_optimizers.py`) read the committed file. Nothing here
 imports optcore or JAX.
 """
@@ -31,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.metadata
 import subprocess
 import sys
 import types
@@ -39,6 +47,15 @@ from pathlib import Path
 import numpy as np
 import torch
 from field_inputs import CASES, STEPS, case_inputs
+
+
+#: The reference classes each case needs besides its own (ZClip's: the optimizers it feeds).
+TORCH_OPTIMIZERS = {"sgd": torch.optim.SGD, "adamw": torch.optim.AdamW}
+
+
+def load_installed_zclip() -> dict[str, object]:
+  """ZClip from the installed ``zclip`` package (PyPI), with torch's SGD and AdamW."""
+  return {"zclip": importlib.import_module("zclip").ZClip, **TORCH_OPTIMIZERS}
 
 
 def load(c_optim: Path, mars: Path, zclip: Path, normuon: Path) -> dict[str, object]:
@@ -56,8 +73,7 @@ def load(c_optim: Path, mars: Path, zclip: Path, normuon: Path) -> dict[str, obj
     "c_lion": importlib.import_module("c_optim.c_lion").Lion,
     "mars": importlib.import_module("mars").MARS,
     "zclip": importlib.import_module("zclip.zclip").ZClip,
-    "sgd": torch.optim.SGD,
-    "adamw": torch.optim.AdamW,
+    **TORCH_OPTIMIZERS,
   }
 
 
@@ -118,18 +134,26 @@ def commit(source: Path) -> str:
 
 
 def main() -> None:
-  c_optim, mars, zclip, normuon = (Path(a).resolve() for a in sys.argv[1:5])
-  default = Path(__file__).with_name("field_reference.npz")
-  target = Path(sys.argv[5]) if len(sys.argv) > 5 else default
-  classes = load(c_optim, mars, zclip, normuon)
   torch.set_num_threads(1)
   out: dict[str, np.ndarray] = {}
-  for name in CASES:
+  if sys.argv[1] == "--zclip-only":
+    target = Path(sys.argv[2])
+    classes = load_installed_zclip()
+    names = [name for name in CASES if CASES[name][2] is not None]
+    source = f"zclip {importlib.metadata.version('zclip')} (PyPI)"
+  else:
+    c_optim, mars, zclip, normuon = (Path(a).resolve() for a in sys.argv[1:5])
+    default = Path(__file__).with_name("field_reference.npz")
+    target = Path(sys.argv[5]) if len(sys.argv) > 5 else default
+    classes = load(c_optim, mars, zclip, normuon)
+    names = list(CASES)
+    source = (
+      f"kyleliang919/C-Optim {commit(c_optim)}, AGI-Arena/MARS {commit(mars)}, "
+      f"bluorion-com/ZClip {commit(zclip)}, zichongli5/NorMuon {commit(normuon)}"
+    )
+  for name in names:
     trajectory(classes, name, out)
-  out["meta/source"] = np.array(
-    f"kyleliang919/C-Optim {commit(c_optim)}, AGI-Arena/MARS {commit(mars)}, "
-    f"bluorion-com/ZClip {commit(zclip)}, zichongli5/NorMuon {commit(normuon)}"
-  )
+  out["meta/source"] = np.array(source)
   out["meta/torch"] = np.array(torch.__version__)
   out["meta/steps"] = np.array(STEPS)
   np.savez_compressed(target, **out)

@@ -248,14 +248,16 @@ class OptimizerDef(
       TypeError: ``extra_args`` given to a definition that takes none.
 
     Example:
+      The update of a definition with an override of its rate, for a step of one's own:
+
       >>> import jax.numpy as jnp
       >>> from optcore import legacy
-      >>> opt_def = legacy.GradientDescent(0.5)
-      >>> params = {'w': jnp.ones(2)}
-      >>> updates, state = opt_def.compute_updates(
-      ...     opt_def.hyper_params, params, opt_def.init_state(params), {'w': jnp.ones(2)})
-      >>> updates['w'], int(state.step)
-      (Array([-0.5, -0.5], dtype=float32), 1)
+      >>> sgd = legacy.GradientDescent(0.5)
+      >>> w = {'w': jnp.ones(2)}
+      >>> hp = sgd.hyper_params.replace(learning_rate=0.25)
+      >>> updates, _ = sgd.compute_updates(hp, w, sgd.init_state(w), {'w': jnp.ones(2)})
+      >>> updates['w']
+      Array([-0.25, -0.25], dtype=float32)
     """
     if params is None:
       raise ValueError(

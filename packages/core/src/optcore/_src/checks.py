@@ -16,6 +16,24 @@ from optcore._src import paths
 PyTree = Any
 
 
+def require_params(
+  optimizer: str, params: PyTree, reads: str = "the weight decay reads them"
+) -> None:
+  """ValueError where an optax ``update`` that reads the parameters is given none: what reads
+  them and the call that passes them.
+
+  Example:
+    >>> from optcore._src.checks import require_params
+    >>> require_params("mars", None, "its decay")
+    Traceback (most recent call last):
+    ValueError: mars: update needs params (its decay): tx.update(grads, state, params).
+  """
+  if params is None:
+    raise ValueError(
+      f"{optimizer}: update needs params ({reads}): tx.update(grads, state, params)."
+    )
+
+
 class TreeMismatchError(ValueError):
   """Two trees that should have the same structure do not."""
 

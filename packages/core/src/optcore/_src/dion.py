@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import optax
 
 from optcore._src import optax_rules
+from optcore._src.checks import require_params
 from optcore._src.hyper_params import value_at
 from optcore._src.matrix_axes import check_rules_with_axes, matrix_layouts, on_copies
 from optcore._src.soap import _lerp
@@ -104,8 +105,8 @@ def orthonormalize(
   """An orthonormal basis of ``p``'s columns (``rows >= r``) by the reference's methods.
 
   ``'qr'``: Householder. ``'rcqr'``: Householder where ``p`` is square, else randomized
-  Cholesky QR. ``'cqr'``: Cholesky QR where ``use_cholesky`` (past the warm-up) and the
-  factorization succeeds, else as ``'rcqr'``.
+  Cholesky QR. ``'cqr'``: Cholesky QR (of any shape) where ``use_cholesky`` (past the
+  warm-up) and the factorization succeeds, else as ``'rcqr'``: the reference's order.
 
   Example:
     >>> import jax, jax.numpy as jnp
@@ -116,20 +117,19 @@ def orthonormalize(
     True
   """
   rows, r = p.shape
-  if method == "qr" or rows <= r:
-    out = _householder(p)
-  elif method == "rcqr":
-    out = _randomized_cholesky(p, key, oversample)
+  if method == "qr":
+    return _householder(p).astype(p.dtype)
+  if rows <= r:
+    randomized = lambda: _householder(p)
   else:
-    p32 = p.astype(jnp.float32)
-    lower = jnp.linalg.cholesky(_mm(p32.T, p32))
-    ok = jnp.logical_and(use_cholesky, jnp.all(jnp.isfinite(lower)))
-    out = jax.lax.cond(
-      ok,
-      lambda: _right_solve(p32, lower, lower=True, transpose=True),
-      lambda: _randomized_cholesky(p, key, oversample),
-    )
-  return out.astype(p.dtype)
+    randomized = lambda: _randomized_cholesky(p, key, oversample)
+  if method == "rcqr":
+    return randomized().astype(p.dtype)
+  p32 = p.astype(jnp.float32)
+  lower = jnp.linalg.cholesky(_mm(p32.T, p32))
+  ok = jnp.logical_and(use_cholesky, jnp.all(jnp.isfinite(lower)))
+  cholesky = lambda: _right_solve(p32, lower, lower=True, transpose=True)
+  return jax.lax.cond(ok, cholesky, randomized).astype(p.dtype)
 
 
 def dion(
@@ -282,11 +282,7 @@ def dion(
     return -(lr * weight_decay) * p - (lr / (1 - b1**t)) * (m / denom), m, v
 
   def update_fn(updates: PyTree, state: DionState, params: PyTree = None):
-    if params is None:
-      raise ValueError(
-        "dion: update needs params (the weight decay and the matrices' shapes read them): "
-        "tx.update(grads, state, params)."
-      )
+    require_params("dion", params, "the weight decay and the matrices' shapes read them")
     count = state.count + 1
     lr = value_at(learning_rate, state.count)
     key, step_key = jax.random.split(state.key)

@@ -11,7 +11,7 @@ constructor, and ``nesterov`` is a Python bool.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -97,7 +97,25 @@ def _adam_update(hp: HyperParams, param: jax.Array, ema: jax.Array, sq_ema: jax.
   return new_param - hp.learning_rate * hp.weight_decay * param
 
 
-class GradientDescent(OptimizerDef):
+class _FlaxOptimDef(OptimizerDef):
+  """A flax.optim algorithm whose per-parameter state is `param_state`, each field zeros of
+  the parameter's shape and dtype (None: no state), as flax.optim initialised them."""
+
+  param_state: ClassVar[type | None] = None
+
+  def init_param_state(self, param):
+    if self.param_state is None:
+      return ()
+    return self.param_state(*(jnp.zeros_like(param) for _ in self.param_state._fields))
+
+
+class _ElementwiseDef(_FlaxOptimDef):
+  """One whose step has no per-parameter reduction: `grouped` may run it on a buffer."""
+
+  elementwise = True
+
+
+class GradientDescent(_ElementwiseDef):
   """flax.optim's gradient descent: ``p <- p - lr g``; no state.
 
   Example:
@@ -108,20 +126,15 @@ class GradientDescent(OptimizerDef):
     Array([0.5, 0.5], dtype=float32)
   """
 
-  elementwise = True  # no per-parameter reduction: `grouped` may run it on a buffer
-
   def __init__(self, learning_rate: float | None = None):
     super().__init__(HyperParams.of_arguments(locals()))
-
-  def init_param_state(self, param):
-    return ()
 
   def apply_param_gradient(self, step, hyper_params, param, state, grad):
     del step
     return param - hyper_params.learning_rate * grad, state
 
 
-class Momentum(OptimizerDef):
+class Momentum(_ElementwiseDef):
   """flax.optim's momentum: ``g <- g + wd p; m <- beta m + g``; the step is
   ``g + beta m`` with nesterov, else ``m``; ``p <- p - lr step``.
 
@@ -134,7 +147,7 @@ class Momentum(OptimizerDef):
     (Array([0.71, 0.71], dtype=float32), Array([1.9, 1.9], dtype=float32))
   """
 
-  elementwise = True  # no per-parameter reduction: `grouped` may run it on a buffer
+  param_state = MomentumParamState
 
   def __init__(
     self,
@@ -145,9 +158,6 @@ class Momentum(OptimizerDef):
   ):
     super().__init__(HyperParams.of_arguments(locals()))
 
-  def init_param_state(self, param):
-    return MomentumParamState(jnp.zeros_like(param))
-
   def apply_param_gradient(self, step, hyper_params, param, state, grad):
     del step
     grad = grad + hyper_params.weight_decay * param
@@ -156,7 +166,7 @@ class Momentum(OptimizerDef):
     return param - hyper_params.learning_rate * direction, MomentumParamState(momentum)
 
 
-class Adam(OptimizerDef):
+class Adam(_ElementwiseDef):
   """flax.optim's Adam, whose weight decay is scaled by the learning rate and
   applied to the old parameters: ``p <- p - lr m^/(sqrt(v^)+eps) - lr wd p``.
 
@@ -168,7 +178,7 @@ class Adam(OptimizerDef):
     0.85
   """
 
-  elementwise = True  # no per-parameter reduction: `grouped` may run it on a buffer
+  param_state = AdamParamState
 
   def __init__(
     self,
@@ -180,9 +190,6 @@ class Adam(OptimizerDef):
   ):
     super().__init__(HyperParams.of_arguments(locals()))
 
-  def init_param_state(self, param):
-    return AdamParamState(jnp.zeros_like(param), jnp.zeros_like(param))
-
   def apply_param_gradient(self, step, hyper_params, param, state, grad):
     hp = hyper_params
     state = AdamParamState(
@@ -191,7 +198,7 @@ class Adam(OptimizerDef):
     return _adam_update(hp, param, *_debiased(hp, step, param, state)), state
 
 
-class AdaBelief(OptimizerDef):
+class AdaBelief(_ElementwiseDef):
   """flax.optim's AdaBelief: ``s <- b2 s + (1-b2)(g - m)^2 + eps`` (eps stored
   in the state), then Adam's step with ``sqrt(s^) + eps``; weight decay as Adam's.
 
@@ -203,7 +210,7 @@ class AdaBelief(OptimizerDef):
     ['grad_ema', 'grad_sq_ema']
   """
 
-  elementwise = True  # no per-parameter reduction: `grouped` may run it on a buffer
+  param_state = AdamParamState
 
   def __init__(
     self,
@@ -215,9 +222,6 @@ class AdaBelief(OptimizerDef):
   ):
     super().__init__(HyperParams.of_arguments(locals()))
 
-  def init_param_state(self, param):
-    return AdamParamState(jnp.zeros_like(param), jnp.zeros_like(param))
-
   def apply_param_gradient(self, step, hyper_params, param, state, grad):
     hp = hyper_params
     grad_ema = _ema(hp.beta1, state.grad_ema, grad)
@@ -226,7 +230,7 @@ class AdaBelief(OptimizerDef):
     return _adam_update(hp, param, *_debiased(hp, step, param, state)), state
 
 
-class Adadelta(OptimizerDef):
+class Adadelta(_ElementwiseDef):
   """flax.optim's Adadelta: ``a <- rho a + (1-rho) g^2``,
   ``d = sqrt(x + eps)/sqrt(a + eps) g``, ``x <- rho x + (1-rho) d^2``,
   ``p <- p - lr d - lr wd p``.
@@ -239,7 +243,7 @@ class Adadelta(OptimizerDef):
     ['acc_delta', 'sq_avg']
   """
 
-  elementwise = True  # no per-parameter reduction: `grouped` may run it on a buffer
+  param_state = AdadeltaParamState
 
   def __init__(
     self,
@@ -249,9 +253,6 @@ class Adadelta(OptimizerDef):
     weight_decay: float = 0.0,
   ):
     super().__init__(HyperParams.of_arguments(locals()))
-
-  def init_param_state(self, param):
-    return AdadeltaParamState(jnp.zeros_like(param), jnp.zeros_like(param))
 
   def apply_param_gradient(self, step, hyper_params, param, state, grad):
     del step
@@ -264,7 +265,7 @@ class Adadelta(OptimizerDef):
     return new_param, AdadeltaParamState(sq_avg, acc_delta)
 
 
-class Adagrad(OptimizerDef):
+class Adagrad(_ElementwiseDef):
   """flax.optim's Adagrad: ``G <- G + g^2; p <- p - lr g/(sqrt(G) + eps)``.
 
   Example:
@@ -275,13 +276,10 @@ class Adagrad(OptimizerDef):
     Array([4.], dtype=float32)
   """
 
-  elementwise = True  # no per-parameter reduction: `grouped` may run it on a buffer
+  param_state = AdagradParamState
 
   def __init__(self, learning_rate: float | None = None, eps: float = 1e-8):
     super().__init__(HyperParams.of_arguments(locals()))
-
-  def init_param_state(self, param):
-    return AdagradParamState(jnp.zeros_like(param))
 
   def apply_param_gradient(self, step, hyper_params, param, state, grad):
     del step
@@ -290,7 +288,7 @@ class Adagrad(OptimizerDef):
     return new_param, AdagradParamState(G)
 
 
-class RMSProp(OptimizerDef):
+class RMSProp(_ElementwiseDef):
   """flax.optim's RMSProp: ``v <- b2 v + (1-b2) g^2``; centered also tracks
   ``mg`` and uses ``v - mg^2``; ``p <- p - lr g/(sqrt(v) + eps)``; no momentum.
   ``centered`` is read from the constructor (an override warns, changing nothing).
@@ -303,7 +301,7 @@ class RMSProp(OptimizerDef):
     True
   """
 
-  elementwise = True  # no per-parameter reduction: `grouped` may run it on a buffer
+  param_state = RMSPropParamState
 
   def __init__(
     self,
@@ -333,7 +331,7 @@ class RMSProp(OptimizerDef):
     return new_param, RMSPropParamState(v, mg)
 
 
-class LAMB(OptimizerDef):
+class LAMB(_FlaxOptimDef):
   """flax.optim's LAMB: ``u = m^/(sqrt(v^)+eps) + wd p``, ``p <- p - lr r u``
   with the trust ratio ``r = |p|/|u|`` (1 when both are 0; zero params stay).
 
@@ -346,6 +344,8 @@ class LAMB(OptimizerDef):
     (Array([0., 0.], dtype=float32), Array([0.9, 0.9], dtype=float32))
   """
 
+  param_state = AdamParamState
+
   def __init__(
     self,
     learning_rate: float | None = None,
@@ -355,9 +355,6 @@ class LAMB(OptimizerDef):
     eps: float = 1e-6,
   ):
     super().__init__(HyperParams.of_arguments(locals()))
-
-  def init_param_state(self, param):
-    return AdamParamState(jnp.zeros_like(param), jnp.zeros_like(param))
 
   def apply_param_gradient(self, step, hyper_params, param, state, grad):
     hp = hyper_params
@@ -372,7 +369,7 @@ class LAMB(OptimizerDef):
     return param - trust_ratio * hp.learning_rate * update, state
 
 
-class LARS(OptimizerDef):
+class LARS(_FlaxOptimDef):
   """flax.optim's LARS, whose momentum buffer holds the learning rate:
   ``r = tc |p|/(|g| + wd |p| + eps)`` (1 when ``|g|`` or ``|p|`` is 0),
   ``m <- beta m + lr r (g + wd p)``, ``p <- p - m`` (nesterov:
@@ -386,6 +383,8 @@ class LARS(OptimizerDef):
     Array([0.0001], dtype=float32)
   """
 
+  param_state = MomentumParamState
+
   def __init__(
     self,
     learning_rate: float | None = None,
@@ -396,9 +395,6 @@ class LARS(OptimizerDef):
     nesterov: bool = False,
   ):
     super().__init__(HyperParams.of_arguments(locals()))
-
-  def init_param_state(self, param):
-    return MomentumParamState(jnp.zeros_like(param))
 
   def apply_param_gradient(self, step, hyper_params, param, state, grad):
     del step

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import optax
 
 from optcore._src import optax_rules
+from optcore._src.checks import require_params
 from optcore._src.hyper_params import value_at
 
 PyTree = Any
@@ -134,10 +135,7 @@ def mars(
     )
 
   def update_fn(updates: PyTree, state: MarsState, params: PyTree = None):
-    if params is None:
-      raise ValueError(
-        "mars: update needs params (the weight decay reads them): tx.update(grads, state, params)."
-      )
+    require_params("mars", params)
     count = state.count + 1
     t = count.astype(jnp.float32)
     lr = value_at(learning_rate, state.count)

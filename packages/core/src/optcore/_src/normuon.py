@@ -26,6 +26,7 @@ from jax.sharding import PartitionSpec
 
 from optcore._src import optax_rules
 from optcore._src import partition_rules as pr
+from optcore._src.checks import require_params
 from optcore._src.hyper_params import value_at
 from optcore._src.matrix_axes import check_rules_with_axes, matrix_layouts
 from optcore._src.soap import _lerp
@@ -164,11 +165,7 @@ def normuon(
     return o, m, jnp.transpose(s_moved, back)
 
   def update_fn(updates: PyTree, state: NorMuonState, params: PyTree = None):
-    if params is None:
-      raise ValueError(
-        "normuon: update needs params (the weight decay reads them): tx.update(grads, "
-        "state, params)."
-      )
+    require_params("normuon", params)
     count = state.count + 1
     lr = value_at(learning_rate, state.count)
     adam_lr = value_at(adam_learning_rate, state.count)

@@ -34,10 +34,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.sharding import PartitionSpec
 
 from optcore._src import optax_rules
-from optcore._src import partition_rules as pr
+from optcore._src.checks import require_params
 from optcore._src.hyper_params import value_at
 from optcore._src.matrix_axes import (
   check_rules_with_axes,
@@ -45,7 +44,7 @@ from optcore._src.matrix_axes import (
   on_copies,
   split_batch,
 )
-from optcore._src.soap import Preconditioners
+from optcore._src.soap import Preconditioners, preconditioner_axes
 
 PyTree = Any
 
@@ -215,16 +214,14 @@ def shampoo_roles(
     A tree of the parameters' structure with a tuple of roles at each leaf.
 
   Raises:
-    PartitionRuleError: the axes do not fit the parameters, or a parameter of rank 3 or
-      more has a dimension no rule covers.
+    PartitionRuleError: as `soap_roles`, whose reading this is, naming ``shampoo``.
 
   Example:
     >>> import jax.numpy as jnp
-    >>> from jax.sharding import PartitionSpec as P
     >>> from optcore.partitioning import shampoo_roles
-    >>> params = {'wi': jnp.zeros((4, 8, 16)), 'emb': jnp.zeros((32, 8))}
-    >>> shampoo_roles(params, {'wi': P('layers', 'embed', 'mlp'), 'emb': P('vocab', 'embed')})
-    {'emb': ('adam', 'matrix'), 'wi': ('batch', 'matrix', 'matrix')}
+    >>> shampoo_roles({'experts': jnp.zeros((8, 16, 4))}, {'experts': ('expert', 'embed', 'mlp')},
+    ...               rules={'expert': 'batch'})  # one Shampoo per expert
+    {'experts': ('batch', 'matrix', 'matrix')}
   """
   return dimension_roles("shampoo", params, param_logical_axes, rules)
 
@@ -652,11 +649,8 @@ def shampoo(
   def update_fn(updates: PyTree, state: ShampooState, params: PyTree = None):
     leaves, treedef = jax.tree.flatten(updates)
     layouts = layouts_of(updates)
-    if params is None and decays:
-      raise ValueError(
-        "shampoo: weight_decay is applied to the parameters; pass them to update "
-        "(params=...) or set weight_decay=0"
-      )
+    if decays:
+      require_params("shampoo", params, "weight_decay is applied to them; or weight_decay=0")
     step = state.count
     lr = value_at(learning_rate, step)
     flat = treedef.flatten_up_to
@@ -788,30 +782,10 @@ def shampoo(
   return optax.GradientTransformation(init_fn, jax.jit(update_fn))
 
 
-def _statistic_axes(field: PyTree, state: Any, params_axes: PyTree, params: PyTree) -> PyTree:
-  """Partition rule of ``statistics`` and ``preconditioners``: a matrix keeps the axis of
-  the dimension it preconditions on its rows, after the axes of the batch dimensions;
-  one over merged dimensions or a block is replicated on both sides."""
-
-  def per_param(node: Preconditioners, spec: PartitionSpec, keys: tuple) -> Preconditioners:
-    entries = tuple(spec)
-    axis = lambda d: entries[d] if d is not None and d < len(entries) else None
-    batch = tuple(axis(d) for d in node.batch_dims)
-    return Preconditioners(
-      tuple(
-        PartitionSpec(*batch, axis(d), None) for _, d in zip(node.matrices, node.dims, strict=True)
-      ),
-      node.dims,
-      node.batch_dims,
-    )
-
-  return pr.map_params(per_param, field, params_axes)
-
-
 optax_rules.fields(
   ShampooState, count=optax_rules.R, diagonal_statistics=optax_rules.P,
-  momentum=optax_rules.P, diagonal_momentum=optax_rules.P, statistics=_statistic_axes,
-  preconditioners=_statistic_axes,
+  momentum=optax_rules.P, diagonal_momentum=optax_rules.P, statistics=preconditioner_axes,
+  preconditioners=preconditioner_axes,
 )  # fmt: skip
 
 __all__ = ["GraftingType", "PreconditionerType", "ShampooState", "shampoo", "shampoo_roles"]

@@ -36,6 +36,7 @@ from jax.sharding import PartitionSpec
 
 from optcore._src import optax_rules, paths
 from optcore._src import partition_rules as pr
+from optcore._src.checks import require_params
 from optcore._src.hyper_params import value_at
 from optcore._src.matrix_axes import (
   check_rules_with_axes,
@@ -460,11 +461,8 @@ def soap(
   def update_fn(updates: PyTree, state: SoapState, params: PyTree = None):
     leaves, treedef = jax.tree.flatten(updates)
     layouts = layouts_of(updates)
-    if params is None and not _is_zero(weight_decay):
-      raise ValueError(
-        "soap: weight_decay is applied to the parameters; pass them to update (params=...) "
-        "or set weight_decay=0"
-      )
+    if not _is_zero(weight_decay):
+      require_params("soap", params, "weight_decay is applied to them; or weight_decay=0")
     count = state.count
     step = count.astype(jnp.float32)
     lr = value_at(learning_rate, count - 1)
@@ -546,10 +544,11 @@ def _is_zero(x: Any) -> bool:
   return isinstance(x, (int, float)) and x == 0
 
 
-def _factor_axes(field: PyTree, state: Any, params_axes: PyTree, params: PyTree) -> PyTree:
-  """Partition rule of ``gg`` and ``q``: a factor keeps the axis of the dimension it
+def preconditioner_axes(field: PyTree, state: Any, params_axes: PyTree, params: PyTree) -> PyTree:
+  """Partition rule of a field of `Preconditioners` (SOAP's ``gg`` and ``q``, Shampoo's
+  ``statistics`` and ``preconditioners``): a matrix keeps the axis of the dimension it
   preconditions on its rows, after the axes of the batch dimensions; one that merged
-  several dimensions is replicated on both sides."""
+  several dimensions (or a block) is replicated on both sides."""
 
   def per_param(node: Preconditioners, spec: PartitionSpec, keys: tuple) -> Preconditioners:
     entries = tuple(spec)
@@ -569,7 +568,7 @@ def _factor_axes(field: PyTree, state: Any, params_axes: PyTree, params: PyTree)
 
 optax_rules.fields(
   SoapState, count=optax_rules.R, exp_avg=optax_rules.P, exp_avg_sq=optax_rules.P,
-  gg=_factor_axes, q=_factor_axes,
+  gg=preconditioner_axes, q=preconditioner_axes,
 )  # fmt: skip
 
 __all__ = ["Preconditioners", "SoapState", "soap", "soap_roles"]
