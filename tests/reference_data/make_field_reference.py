@@ -48,7 +48,6 @@ import numpy as np
 import torch
 from field_inputs import CASES, STEPS, case_inputs
 
-
 #: The reference classes each case needs besides its own (ZClip's: the optimizers it feeds).
 TORCH_OPTIMIZERS = {"sgd": torch.optim.SGD, "adamw": torch.optim.AdamW}
 
