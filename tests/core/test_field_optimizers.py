@@ -99,7 +99,9 @@ def test_the_committed_zclip_data_is_what_zclip_writes_now():
     keys = [k for k in data.files if not k.startswith("meta/")]
     assert {k.split("/")[0] for k in keys} == zclip_cases
     for key in keys:
-      np.testing.assert_array_equal(REFERENCE[key], data[key], err_msg=key)
+      # torch picks its CPU kernels by instruction set: the run without vectorization
+      # (ATEN_CPU_CAPABILITY=default) is 1.2e-7 from the committed AVX-512 one, AVX2 equal
+      np.testing.assert_allclose(REFERENCE[key], data[key], rtol=0, atol=1e-6, err_msg=key)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
