@@ -118,3 +118,25 @@ def test_read_outs_of_quantized_state_in_host_memory_come_back_on_the_device(mes
   for name in PARAMS:
     assert average[name].sharding.memory_kind == "device"
     np.testing.assert_array_equal(np.asarray(average[name]), np.asarray(on_device.ema_params[name]))
+
+
+def test_blocks_the_mesh_cannot_split_whole_are_replicated(mesh):
+  """A sharded vector of 72 values is one block of 256 codes at min_size=0: no device can hold
+  half a block, so its codes and scales are replicated (once a PartitionRuleError: 'dimension
+  0 of shape (1, 256) has size 1'), and the numbers are one device's."""
+  params = {"w": PARAMS["w"], "b": jnp.linspace(-0.5, 0.5, 72)}
+  axes = {"w": P(None, "mlp"), "b": P("mlp")}
+  opt_def = optcore.low_bit_state(optcore.adam(1e-2), bits=8, min_size=0)
+  opt = opt_def.create_sharded(
+    params, axes, mesh, logical_axis_rules=[("mlp", "model")], state_axis="data",
+    state_memory_kind="pinned_host",
+  )  # fmt: skip
+  mu = opt.state.param_states.inner[0].mu
+  assert mu["b"].codes.shape == (1, 256) and mu["b"].codes.sharding.spec == P(None, None)
+  assert mu["w"].codes.sharding.spec == P("data", "model", None)  # whole blocks still split
+  reference = opt_def.create(params)
+  step = jax.jit(lambda o, g: o.apply_gradient(g))
+  grad = jax.tree.map(jnp.ones_like, params)
+  for _ in range(3):
+    opt, reference = step(opt, grad), step(reference, grad)
+  assert_trees_within_ulps(opt.target, reference.target)

@@ -118,14 +118,14 @@ class LowBitStateDef(StateWrapper):
   twice_hint = "quantize once (a state is stored in one format)"
 
   def chooses(self, keys: tuple, leaf: Any) -> bool:
-    """Whether the state leaf at ``keys`` is stored quantized: a real floating array of at
-    least ``min_size`` elements (at 4 bits also a multiple of the block, torchao's rule) whose
-    path ``states`` matches (every one for None)."""
+    """Whether the state leaf at ``keys`` is stored quantized: a real floating array, not a
+    scalar, of at least ``min_size`` elements (at 4 bits also a multiple of the block,
+    torchao's rule) whose path ``states`` matches (every moment for None)."""
     if not hasattr(leaf, "dtype") or not jnp.issubdtype(leaf.dtype, jnp.floating):
       return False
     size = int(np.prod(np.shape(leaf)))
-    if size < max(self.min_size, 1):
-      return False
+    if size < max(self.min_size, 1) or not np.shape(leaf):
+      return False  # a scalar (schedule-free's b1 and weight_sum) is no moment, and one block
     if self.bits == 4 and size % check_block_size(4, self.block_size):
       return False
     if self.states is None:  # moments only: a copy of the parameters or a basis stays as it is

@@ -9,6 +9,7 @@ import jax
 from optax import contrib as optax_contrib
 
 from optcore._src import paths, placement
+from optcore._src.quantization import dequantize_tree
 
 PyTree = Any
 
@@ -29,7 +30,8 @@ def eval_params(state: Any, params: PyTree) -> PyTree:
   treedef = jax.tree.structure(params)
   out = treedef.flatten_up_to(params)
   for found in found_states(state):
-    z, _ = placement.to_device(found.z)  # state_memory_kind="pinned_host": read on the device
+    # state_memory_kind="pinned_host": read on the device; low_bit_state(states='z'): values
+    z, _ = placement.to_device(dequantize_tree(found.z))
     b1 = found.b1
     for i, z_leaf in enumerate(treedef.flatten_up_to(z)):
       if hasattr(z_leaf, "shape"):  # None or optax's MaskedNode: another group's parameter

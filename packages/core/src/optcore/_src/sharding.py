@@ -165,16 +165,21 @@ def logical_to_mesh_sharding(
   return treedef.unflatten(out)
 
 
+def ways(mesh: Mesh, entry: Any) -> int:
+  """How many ways a spec entry (a mesh axis, a tuple of them, or None) splits a dimension."""
+  return math.prod(mesh.shape[a] for a in _mesh_axis_set(entry))
+
+
 def check_divisible(shapes: PyTree, shardings: PyTree) -> None:
   """Raises `PartitionRuleError` naming the first leaf whose sharded dimension
   the mesh does not divide evenly."""
   keyed, treedef = jax.tree_util.tree_flatten_with_path(shapes)
   for (keys, leaf), sharding in zip(keyed, treedef.flatten_up_to(shardings), strict=True):
     for dim, (size, entry) in enumerate(zip(leaf.shape, sharding.spec, strict=False)):
-      ways = math.prod(sharding.mesh.shape[a] for a in _mesh_axis_set(entry))
-      if size % ways:
+      split = ways(sharding.mesh, entry)
+      if size % split:
         raise PartitionRuleError(
           f"at {paths.path_str(keys)!r}: dimension {dim} of shape {tuple(leaf.shape)} has size "
-          f"{size}, which the mesh axes {entry!r} ({ways} ways) do not divide. Give that "
+          f"{size}, which the mesh axes {entry!r} ({split} ways) do not divide. Give that "
           "dimension another logical axis, or map its axis to None in the rules."
         )

@@ -158,6 +158,7 @@ class Placement:
     """The `NamedSharding` of every leaf of ``state`` from its logical axes: mapped onto the
     mesh, split over ``state_axis``, in ``state_memory_kind``."""
     shardings = sharding.logical_to_mesh_sharding(state_axes, self.mesh, self.logical_axis_rules)
+    shardings = _blocks_split_whole(state, shardings)
     if self.state_axis is not None:
       shardings = add_state_axis(state, shardings, self.mesh, self.state_axis, report=report)
     if self.state_memory_kind is not None:
@@ -358,6 +359,28 @@ def _within_block(state: PyTree) -> list[bool]:
   for leaf in jax.tree.leaves(state, is_leaf=is_quantized):
     flags.extend([True, False] if is_quantized(leaf) else [False])
   return flags
+
+
+def _blocks_split_whole(state: PyTree, shardings: PyTree) -> PyTree:
+  """``shardings`` with a quantized leaf's dimension replicated where the mesh axes its
+  parameter's axis maps to do not divide it: a vector of 72 values on a 2-way axis is one
+  block of codes, which no device can hold half of. Every other leaf as it was (the
+  divisibility check names those)."""
+  flags = []
+  for leaf in jax.tree.leaves(state, is_leaf=is_quantized):
+    flags.extend([True, True] if is_quantized(leaf) else [False])
+  leaves, treedef = jax.tree.flatten(shardings)
+  out = []
+  for leaf, named, quantized in zip(jax.tree.leaves(state), leaves, flags, strict=True):
+    if not quantized:
+      out.append(named)
+      continue
+    spec = [
+      entry if size % sharding.ways(named.mesh, entry) == 0 else None
+      for size, entry in zip(leaf.shape, named.spec, strict=False)
+    ]
+    out.append(NamedSharding(named.mesh, PartitionSpec(*spec), memory_kind=named.memory_kind))
+  return treedef.unflatten(out)
 
 
 def create_sharded(
