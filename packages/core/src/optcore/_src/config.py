@@ -176,7 +176,11 @@ def to_config(opt_def: OptimizerDef) -> dict[str, Any]:
       zip(opt_def.traversals, opt_def.sub_optimizers, strict=True)
     ):
       if not isinstance(selector, str):
-        raise ConfigError(f"group {i}: only regex selectors can be written to a config")
+        raise ConfigError(
+          f"group {i}: its selector is a {type(selector).__name__}, and only regex selectors "
+          "can be written to a config. To write this MultiOptimizer, select the group by a "
+          "regex over parameter paths, e.g. MultiOptimizer((r'.*/kernel$', opt), ...)."
+        )
       groups.append({"select": selector, "optimizer": to_config(sub)})
     return {"name": "multi", "groups": groups}
   if isinstance(opt_def, Wrapper):  # accumulate, mixed_precision, ema, grouped, ...
