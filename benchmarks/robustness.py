@@ -13,6 +13,10 @@ under lax.cond: a select (jnp.where over the parameters and the state, kept or d
 update) measured x1.33 at 300 leaves and x2.74 at 10 large ones here, three more passes over
 every parameter-shaped array; the cond adds the norm's one pass over the gradients.
 
+A second table gives XLA's bytes accessed and temporaries a parameter (cost_analysis) of each
+step donated and not, beside a hand-written skip (optax's adamw under lax.cond on the global
+norm): what the cond's copies of the parameters and the state would cost, if it made them.
+
   python benchmarks/robustness.py [--quick]
 """
 
@@ -24,6 +28,7 @@ import platform
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import optax
 from timing import balanced_ratio, device_name, donated_runner, make_params
 
@@ -54,6 +59,46 @@ def bench(total: int, leaves: int, rounds: int, steps: int) -> dict:
       times = sorted(result["base_times"])
       row["bare_ms"] = 1e3 * times[len(times) // 2]
   return row
+
+
+def hand_written_skip(params: dict):
+  """A skip written by hand: optax's adamw under ``lax.cond`` on the global norm."""
+  tx = optax.adamw(1e-3)
+
+  def step(carry, grads):
+    def good(carry):
+      params, state = carry
+      updates, state = tx.update(grads, state, params)
+      return optax.apply_updates(params, updates), state
+
+    norm = optax.global_norm(grads)
+    return jax.lax.cond(jnp.isfinite(norm) & (norm < 1e3), good, lambda c: c, carry)
+
+  return step, (params, tx.init(params))
+
+
+def step_bytes(total: int, leaves: int) -> list[dict]:
+  """Bytes accessed and temporaries a parameter of each step, donated and kept."""
+  params = make_params(total, leaves)
+  count = sum(p.size for p in params.values())
+  grads = jax.tree.map(jnp.ones_like, params)
+  steps = {
+    name: (lambda opt, g: opt.apply_gradient(g), DEFS[name]().create(params))
+    for name in ("bare", "skip")
+  }
+  steps["hand-written skip"] = hand_written_skip(params)
+  rows = []
+  for name, (fn, first) in steps.items():
+    for donated in (True, False):
+      compiled = jax.jit(fn, donate_argnums=(0,) if donated else ()).lower(first, grads).compile()
+      cost = compiled.cost_analysis()
+      cost = cost[0] if isinstance(cost, list) else cost
+      temp = compiled.memory_analysis().temp_size_in_bytes
+      rows.append({
+        "step": name, "donated": donated, "bytes": cost["bytes accessed"] / count,
+        "temporaries": temp / count,
+      })  # fmt: skip
+  return rows
 
 
 def main() -> None:
@@ -90,6 +135,20 @@ def main() -> None:
     lines.append(
       f"| {r['params'] / 1e6:.2f}M | {r['leaves']} | {r['bare_ms']:.3f} | {q(r, 'statistics')} "
       f"| {q(r, 'skip')} | {q(r, 'control')} |"
+    )
+  total, leaves = shapes[0]
+  lines += [
+    "",
+    f"Bytes a parameter of each step at {total / 1e6:g}M parameters in {leaves} leaves (XLA's "
+    "cost_analysis: bytes accessed; temporaries from its memory analysis):",
+    "",
+    "| step | donated | bytes accessed | temporaries |",
+    "|---|---|---|---|",
+  ]
+  for r in step_bytes(total, leaves):
+    name = {"bare": "adamw", "skip": "skip_bad_steps(adamw)"}.get(r["step"], r["step"])
+    lines.append(
+      f"| {name} | {'yes' if r['donated'] else 'no'} | {r['bytes']:.1f} | {r['temporaries']:.2f} |"
     )
   (RESULTS / "robustness.md").write_text("\n".join(lines) + "\n")
   print(f"wrote {RESULTS / 'robustness.md'}")
