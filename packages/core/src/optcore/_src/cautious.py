@@ -89,6 +89,10 @@ def _without_decay(hyper_params: Any) -> tuple[Any, bool]:
 class Cautious(StateWrapper):
   """``optimizer_def``'s step with the cautious mask: see `cautious`."""
 
+  ungrouped_because = (
+    "rescales each parameter's masked step by its kept fraction, a mean over the whole parameter"
+  )
+
   name = "cautious"
   state_type = CautiousState
   config_arguments: ClassVar = MappingProxyType({"normalization": "mean"})

@@ -58,6 +58,10 @@ WATCHED = ("grad_norm", "loss")
 class SkipBadSteps(StateWrapper):
   """``optimizer_def`` that skips bad steps: see `skip_bad_steps`."""
 
+  ungrouped_because = (
+    "keeps a window of norms beside the wrapped state, which grouped does not lay out"
+  )
+
   name = "skip_bad_steps"
   state_type = SkipState
   config_arguments: ClassVar = MappingProxyType(

@@ -47,6 +47,8 @@ class StatisticsState(NamedTuple):
 class WithStatistics(StateWrapper):
   """``optimizer_def`` with per-group norms kept for logging: see `with_statistics`."""
 
+  ungrouped_because = "computes each parameter's norms, a reduction over the whole parameter"
+
   name = "with_statistics"
   state_type = StatisticsState
   config_arguments: ClassVar = MappingProxyType({"groups": 1})

@@ -67,6 +67,8 @@ class StochasticRounding(StateWrapper):
   """``optimizer_def`` on float32 copies of bfloat16 parameters, each new parameter rounded
   stochastically: see `stochastic_rounding`."""
 
+  ungrouped_because = "keeps a random key beside the wrapped state, which grouped does not lay out"
+
   name = "stochastic_rounding"
   state_type = StochasticRoundingState
   config_arguments: ClassVar = MappingProxyType({"seed": 0})

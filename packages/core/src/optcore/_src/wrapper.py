@@ -174,8 +174,11 @@ class StateWrapper(Wrapper):
   #: What the error for a second wrapper of this kind suggests instead.
   twice_hint: ClassVar[str] = "wrap it once"
 
+  #: Why `grouped` cannot take this wrapper (`why_not_elementwise`), said of its kind.
+  ungrouped_because: ClassVar[str] = "keeps its own parameter-shaped state: it is not grouped"
+
   def why_not_elementwise(self) -> str | None:
-    return f"{self.display_name()} keeps its own parameter-shaped state: it is not grouped"
+    return f"{self.display_name()} {self.ungrouped_because}"
 
   def _inner_state(self, state: OptimizerState) -> OptimizerState:
     return OptimizerState(state.step, state.param_states.inner)

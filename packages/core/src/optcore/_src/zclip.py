@@ -69,6 +69,10 @@ def _number(name: str, value: Any, low: float, strict: bool = False) -> float:
 class ZClip(StateWrapper):
   """``optimizer_def`` on gradients clipped by ZClip: see `zclip`."""
 
+  ungrouped_because = (
+    "keeps a window of norms beside the wrapped state, which grouped does not lay out"
+  )
+
   name = "zclip"
   state_type = ZClipState
   config_arguments: ClassVar = MappingProxyType(
