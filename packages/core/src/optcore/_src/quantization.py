@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from optcore._src import placement
+from optcore._src import placement, stored
 
 #: The default block sizes: bitsandbytes' 8-bit optimizers and torchao's 4-bit ones.
 DEFAULT_BLOCK_SIZE = {8: 256, 4: 128}
@@ -244,23 +244,18 @@ class QuantizedArray:
     self.block_size = block_size
     self.rounding = rounding
 
+  #: The format, static in a pytree (its aux data): what two arrays must share to be one type.
+  FORMAT: ClassVar[tuple[str, ...]] = ("shape", "dtype", "bits", "signed", "block_size", "rounding")
+
   def tree_flatten_with_keys(self) -> tuple:
     keys = (jax.tree_util.GetAttrKey("codes"), jax.tree_util.GetAttrKey("scales"))
-    aux = (self.shape, self.dtype.name, self.bits, self.signed, self.block_size, self.rounding)
+    aux = tuple(getattr(self, n) for n in self.FORMAT)
+    aux = (*aux[:1], self.dtype.name, *aux[2:])  # a hashable dtype name
     return tuple(zip(keys, (self.codes, self.scales), strict=True)), aux
 
   @classmethod
   def tree_unflatten(cls, aux: tuple, children: Any) -> QuantizedArray:
-    shape, dtype, bits, signed, block_size, rounding = aux
-    return cls(
-      *children,
-      shape=shape,
-      dtype=dtype,
-      bits=bits,
-      signed=signed,
-      block_size=block_size,
-      rounding=rounding,
-    )
+    return cls(*children, **dict(zip(cls.FORMAT, aux, strict=True)))
 
   @property
   def size(self) -> int:
@@ -398,19 +393,27 @@ def is_quantized(x: Any) -> bool:
 
 
 def dequantize_tree(tree: Any) -> Any:
-  """``tree`` with each `QuantizedArray` replaced by its float values."""
-  return jax.tree.map(
-    lambda x: x.dequantize() if is_quantized(x) else x, tree, is_leaf=is_quantized
-  )
+  """``tree`` with each `QuantizedArray` (any stored leaf) replaced by its float values."""
+  return stored.values(tree)
 
 
 def requantize_like(values: Any, like: Any) -> Any:
   """``values`` (``like``'s structure, float arrays where ``like`` has a `QuantizedArray`)
   with each of those quantized in ``like``'s format there."""
-  leaves, treedef = jax.tree.flatten(like, is_leaf=is_quantized)
-  new = treedef.flatten_up_to(values)
-  out = [o.requantize(n) if is_quantized(o) else n for o, n in zip(leaves, new, strict=True)]
-  return treedef.unflatten(out)
+  return stored.stored_like(values, like)
+
+
+# A QuantizedArray declares what every walk of a state must know of it, once: its values,
+# its format for new values, and that its codes' last dimension is one block (whole on a
+# device); its scales' is not.
+stored.register(
+  QuantizedArray,
+  stored.StoredFormat(
+    values=lambda q: q.dequantize(),
+    like=lambda q, v: q.requantize(v),
+    whole_rows=(True, False),
+  ),
+)
 
 
 def dequantize_state(tree: Any) -> Any:

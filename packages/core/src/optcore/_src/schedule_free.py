@@ -8,8 +8,7 @@ from typing import Any
 import jax
 from optax import contrib as optax_contrib
 
-from optcore._src import paths, placement
-from optcore._src.quantization import dequantize_tree
+from optcore._src import paths, placement, stored
 
 PyTree = Any
 
@@ -31,7 +30,7 @@ def eval_params(state: Any, params: PyTree) -> PyTree:
   out = treedef.flatten_up_to(params)
   for found in found_states(state):
     # state_memory_kind="pinned_host": read on the device; low_bit_state(states='z'): values
-    z, _ = placement.to_device(dequantize_tree(found.z))
+    z, _ = placement.to_device(stored.values(found.z))
     b1 = found.b1
     for i, z_leaf in enumerate(treedef.flatten_up_to(z)):
       if hasattr(z_leaf, "shape"):  # None or optax's MaskedNode: another group's parameter

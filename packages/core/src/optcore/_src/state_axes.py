@@ -16,10 +16,9 @@ from typing import Any, TypedDict, Unpack
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from optcore._src import partition_rules, sharding
+from optcore._src import partition_rules, sharding, stored
 from optcore._src import placement as memory
 from optcore._src.optimizer import Optimizer, OptimizerState
-from optcore._src.quantization import is_quantized
 
 PyTree = Any
 LogicalAxisRules = Sequence[tuple[str, Any]]
@@ -352,23 +351,18 @@ def add_state_axis(
 
 
 def _within_block(state: PyTree) -> list[bool]:
-  """For each leaf of ``state``, whether its last dimension runs within a quantization block
-  (a `QuantizedArray`'s codes): split over ``state_axis`` it would cut blocks from their
+  """For each leaf of ``state``, whether its last dimension runs within a block of a stored
+  leaf (a `QuantizedArray`'s codes): split over ``state_axis`` it would cut blocks from their
   scales, so it never is."""
-  flags = []
-  for leaf in jax.tree.leaves(state, is_leaf=is_quantized):
-    flags.extend([True, False] if is_quantized(leaf) else [False])
-  return flags
+  return [whole for _, whole in stored.array_flags(state)]
 
 
 def _blocks_split_whole(state: PyTree, shardings: PyTree) -> PyTree:
-  """``shardings`` with a quantized leaf's dimension replicated where the mesh axes its
+  """``shardings`` with a stored leaf's dimension replicated where the mesh axes its
   parameter's axis maps to do not divide it: a vector of 72 values on a 2-way axis is one
   block of codes, which no device can hold half of. Every other leaf as it was (the
   divisibility check names those)."""
-  flags = []
-  for leaf in jax.tree.leaves(state, is_leaf=is_quantized):
-    flags.extend([True, True] if is_quantized(leaf) else [False])
+  flags = [inside for inside, _ in stored.array_flags(state)]
   leaves, treedef = jax.tree.flatten(shardings)
   out = []
   for leaf, named, quantized in zip(jax.tree.leaves(state), leaves, flags, strict=True):

@@ -25,9 +25,8 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from optcore._src import paths, placement
+from optcore._src import paths, placement, stored
 from optcore._src.checks import dtype_name
-from optcore._src.quantization import dequantize_tree, requantize_like
 from optcore._src.serialization import (
   StateDictError,
   describe,
@@ -170,7 +169,7 @@ def transplant_state(
       "checkpoint's dict."
     )
   quantized = state
-  state = dequantize_tree(state)  # a low_bit_state's leaves are matched by their values
+  state = stored.values(state)  # a low_bit_state's leaves are matched by their values
   written = state_only_dict(optimizer_def, state)["state"]
   param_paths = _leaf_paths(to_state_dict(params))
   source_target = state_dict.get("target")
@@ -261,7 +260,7 @@ def transplant_state(
 
   filled = _replace_leaves(written, values)
   new_state = restore_state_only(optimizer_def, state, {"state": filled})
-  new_state = requantize_like(new_state, quantized)
+  new_state = stored.stored_like(new_state, quantized)
   return new_state, TransplantReport(kept, initialised, dropped)
 
 

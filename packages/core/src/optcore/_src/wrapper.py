@@ -36,7 +36,7 @@ from optcore._src import definition_tree
 from optcore._src.base import OptimizerDef
 from optcore._src.hyper_params import HyperParams
 from optcore._src.optimizer import OptimizerState
-from optcore._src.quantization import is_quantized
+from optcore._src.stored import is_stored
 
 PyTree = Any
 
@@ -212,7 +212,8 @@ def map_optimizer_leaves_with_path(
 ) -> PyTree:
   """`map_optimizer_leaves` with each leaf's key path from the top of ``tree`` first:
   ``fn(keys, leaf, *others)`` (a wrapper's own state is entered at its ``inner``). A
-  `QuantizedArray` is kept as it is: it is stored in its own format (`low_bit_state`)."""
+  stored leaf (`optcore._src.stored`: a `QuantizedArray`) is kept as it is: its format is not
+  the algorithm's dtype."""
   states = wrapper_states()
 
   def visit(keys: tuple, node: Any, *others: Any) -> Any:
@@ -222,11 +223,11 @@ def map_optimizer_leaves_with_path(
         fn, node.inner, *(o.inner for o in others), prefix=inner_keys
       )
       return node._replace(inner=inner)
-    if is_quantized(node):
+    if is_stored(node):
       return node
     return fn((*prefix, *keys), node, *others)
 
-  stop = lambda n: isinstance(n, states) or is_quantized(n)
+  stop = lambda n: isinstance(n, states) or is_stored(n)
   return jax.tree_util.tree_map_with_path(visit, tree, *rest, is_leaf=stop)
 
 
