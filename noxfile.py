@@ -429,7 +429,8 @@ def bench(session: nox.Session) -> None:
   stochastic rounding (low_bit.py), the 8-bit step against a hand-written one (low_bit_peer.py),
   SOAP and Shampoo against AdamW and Muon and the authors' JAX
   Shampoo (matrix_optimizers.py; with `-- --reference SOAP_CLONE --torch-python PY` also the
-  authors' SOAP), MARS, NorMuon, cautious AdamW and ZClip beside them (field_optimizers.py);
+  authors' SOAP), SOAP's and Shampoo's refresh and the rest at three sizes (matrix_sizes.py),
+  MARS, NorMuon, Dion, cautious AdamW and ZClip beside them (field_optimizers.py);
   writes Markdown and JSON
   reports to benchmarks/results/."""
   sync(session, None, "checkpoint")  # training_at_scale.py imports the demo, which saves with orbax
@@ -448,6 +449,7 @@ def bench(session: nox.Session) -> None:
   session.run("python", "benchmarks/low_bit.py", *session.posargs)
   session.run("python", "benchmarks/low_bit_peer.py", *session.posargs)
   session.run("python", "benchmarks/matrix_optimizers.py", *session.posargs)
+  session.run("python", "benchmarks/matrix_sizes.py", *session.posargs)
   session.run("python", "benchmarks/field_optimizers.py", *session.posargs)
   session.run("python", "benchmarks/state_memory.py", env=EIGHT_CPU_DEVICES)
   session.run("python", "benchmarks/zero1.py", env=EIGHT_CPU_DEVICES)
