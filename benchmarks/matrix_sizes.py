@@ -9,7 +9,12 @@ optcore's AdamW in the same run, compile-order balanced beside an A/A control (t
   always    a refresh every step (frequency 1): the rest plus one refresh
 
 One refresh costs ``always - rest`` AdamW steps, and the step at the authors' frequency (every
-10 steps) costs ``rest + (always - rest) / 10``.
+10 steps) costs ``rest + (always - rest) / 10``. The gradient of the benchmark's batch (32
+sequences of 64 tokens, forward and backward, jitted) is timed against the same AdamW step,
+so the overhead over a whole training step, ``(every 10 - 1) / (gradient + 1)``, can be read:
+the papers' "overhead falls with size" is of that, since an optimizer step grows with the
+parameters (and SOAP's and Shampoo's products with the matrices' widths) while the gradient
+also grows with the tokens of a batch.
 
   python benchmarks/matrix_sizes.py [--quick]
 """
@@ -22,8 +27,18 @@ import platform
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import optax
-from matrix_optimizers import SHAMPOO, band, init_params, model_shapes, parameter_count
+from matrix_optimizers import (
+  SHAMPOO,
+  band,
+  forward,
+  init_params,
+  markov_chain,
+  model_shapes,
+  parameter_count,
+  sample,
+)
 from timing import balanced_ratio, device_name, donated_runner
 
 import optcore
@@ -39,6 +54,28 @@ SIZES = {
   "large": {"vocab": 256, "embed": 256, "mlp": 1024, "layers": 2},
 }
 QUICK = {"tiny": {"vocab": 32, "embed": 16, "mlp": 32, "layers": 2}}
+#: The batch a gradient is timed on: matrix_optimizers.py's (sequences, tokens, heads).
+BATCH, LENGTH, HEADS = 32, 64, 4
+
+
+def gradient_runner(model: dict, params: dict, steps: int):
+  """A timed run of ``steps`` jitted gradients of the language-model loss on one batch."""
+  chain = jnp.asarray(markov_chain(model["vocab"]))
+  tokens = sample(chain, jax.random.key(0), BATCH, LENGTH)
+  heads = HEADS if model["embed"] % HEADS == 0 else 1
+
+  def loss(params):
+    logits = forward(params, tokens[:, :-1], heads)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+
+  grad = jax.jit(jax.grad(loss))
+
+  def run() -> None:
+    for _ in range(steps):
+      out = grad(params)
+    jax.block_until_ready(out)
+
+  return run
 
 
 def definitions(axes) -> dict:
@@ -65,14 +102,22 @@ def measure(model: dict, rounds: int, steps: int) -> dict:
   shapes, axes = model_shapes(**model)
   params = init_params(shapes, jax.random.key(0))
   defs = definitions(axes)
-  build = lambda key: donated_runner(defs[key], params, steps)
+
+  def build(key):
+    if key == "gradient":
+      return gradient_runner(model, params, steps)
+    return donated_runner(defs[key], params, steps)
+
   row = {"params": parameter_count({"model": model})}
-  for key in ("soap/rest", "soap/always", "shampoo/rest", "shampoo/always", "control"):
+  keys = ("soap/rest", "soap/always", "shampoo/rest", "shampoo/always", "gradient", "control")
+  for key in keys:
     row[key] = balanced_ratio(build, "adamw", key, rounds, steps)["ratio"]
+  gradient = row["gradient"][0]
   for name in ("soap", "shampoo"):
     rest, always = row[f"{name}/rest"][0], row[f"{name}/always"][0]
     row[f"{name}/refresh"] = always - rest
     row[f"{name}/at_frequency"] = rest + (always - rest) / FREQUENCY
+    row[f"{name}/over_training_step"] = (row[f"{name}/at_frequency"] - 1) / (gradient + 1)
   return row
 
 

@@ -13,7 +13,7 @@ matrix_sizes = pytest.importorskip(
 
 def test_rest_and_refresh_are_timed_for_soap_and_shampoo_beside_a_control():
   row = matrix_sizes.measure(matrix_sizes.QUICK["tiny"], rounds=2, steps=2)
-  for key in ("soap/rest", "soap/always", "shampoo/rest", "shampoo/always", "control"):
+  for key in ("soap/rest", "soap/always", "shampoo/rest", "shampoo/always", "gradient", "control"):
     ratio, low, high = row[key]
     assert math.isfinite(ratio) and low <= ratio <= high, key
   for name in ("soap", "shampoo"):
