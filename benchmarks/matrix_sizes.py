@@ -126,16 +126,20 @@ def report(rows: dict, machine: str) -> str:
     f"SOAP and Shampoo over AdamW at three sizes of matrix_optimizers.py's transformer "
     f"({machine}); median [quartiles] of compile-order balanced rounds. 'rest': no refresh; "
     f"'refresh': one refresh, in AdamW steps; 'every {FREQUENCY}': the step at the authors' "
-    "frequency.",
+    f"frequency; 'gradient': the batch's forward and backward ({BATCH} x {LENGTH} tokens); "
+    "'+ training step': what the optimizer adds to a training step with AdamW (gradient and "
+    "step).",
     "",
-    "| size | params | optimizer | rest | refresh | every 10 | A/A control |",
-    "|---|---|---|---|---|---|---|",
+    "| size | params | optimizer | rest | refresh | every 10 | gradient | + training step "
+    "| A/A control |",
+    "|---|---|---|---|---|---|---|---|---|",
   ]
   for size, row in rows.items():
     for name in ("soap", "shampoo"):
       lines.append(
         f"| {size} | {row['params']:,} | {name} | {band(row[f'{name}/rest'])} | "
         f"x{row[f'{name}/refresh']:.1f} | x{row[f'{name}/at_frequency']:.2f} | "
+        f"x{row['gradient'][0]:.1f} | {100 * row[f'{name}/over_training_step']:+.0f}% | "
         f"{band(row['control'])} |"
       )
   return "\n".join(lines) + "\n"

@@ -510,21 +510,27 @@ def soap(
       # (every precondition_frequency steps), the moment into the (new) basis. Only the
       # decompositions are branches; their arrays reach them as operands, never as
       # constants (an eager call on NumPy state compiles the arithmetic a jitted one does).
-      m_plain = _project(layout, m.astype(jnp.float32), qs, back=True)
       new_ggs = _update_factors(layout, ggs, grad, factor_weight)
       which = jnp.where(first, 0, jnp.where(count % precondition_frequency == 0, 1, 2))
-      new_qs, new_v = jax.lax.switch(
+      rotated = lambda m, qs, new_qs: _project(layout, _project(layout, m, qs, back=True), new_qs)
+
+      def set_up(ggs, qs, v, m):
+        new_qs = tuple(None if g is None else _eigenbasis(g) for g in ggs)
+        return new_qs, v, rotated(m, qs, new_qs)
+
+      def refresh(ggs, qs, v, m):
+        new_qs, v = _refresh(layout, ggs, qs, v)
+        return new_qs, v, rotated(m, qs, new_qs)
+
+      # Between refreshes the basis stays, and so does the moment in it: no round trip.
+      new_qs, new_v, m = jax.lax.switch(
         which,
-        [
-          lambda ggs, qs, v: (tuple(None if g is None else _eigenbasis(g) for g in ggs), v),
-          lambda ggs, qs, v: _refresh(layout, ggs, qs, v),
-          lambda ggs, qs, v: (qs, v),
-        ],
+        [set_up, refresh, lambda ggs, qs, v, m: (qs, v, m)],
         new_ggs,
         qs,
         v,
+        m.astype(jnp.float32),
       )
-      m = _project(layout, m_plain, new_qs)
       return (
         jnp.where(first, jnp.zeros_like(update), update).astype(grad.dtype),
         jnp.where(first, exp_avg, m.astype(exp_avg.dtype)),
