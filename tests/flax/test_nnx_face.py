@@ -366,13 +366,21 @@ class LoRAModel(nnx.Module):
     lambda d: optcore.accumulate(d, 2),
     optcore.skip_bad_steps,
     optcore.with_statistics,
+    lambda d: optcore.low_bit_state(d, min_size=0),
+    lambda d: optcore.mixed_precision(d, state_dtype=jnp.bfloat16),
+    optcore.cautious,
+    lambda d: optcore.zclip(d, warmup_steps=1),
+    optcore.stochastic_rounding,
   ],
-  ids=["ema", "accumulate", "skip_bad_steps", "with_statistics"],
-)
+  ids=[
+    "ema", "accumulate", "skip_bad_steps", "with_statistics", "low_bit_state",
+    "mixed_precision", "cautious", "zclip", "stochastic_rounding",
+  ],
+)  # fmt: skip
 def test_a_wrapper_around_groups_chosen_by_nnx_filters_trains_as_groups_chosen_by_path(wrap):
   """ema, accumulate, skip_bad_steps or with_statistics around a MultiOptimizer whose selectors
-  are nnx filters crashed inside the face (its walk only entered a bare MultiOptimizer); they
-  give the numbers of the same groups chosen by path."""
+  are nnx filters crashed inside the face (its walk only entered a bare MultiOptimizer); they,
+  and every other wrapper, give the numbers of the same groups chosen by path."""
   trained = nnx.Any(nnx.Param, nnx.LoRAParam)
   by_filter = optcore.MultiOptimizer(
     (nnx.LoRAParam, optcore.adam(1e-2)),
