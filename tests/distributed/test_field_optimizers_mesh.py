@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
+from sharding_setup import grads_at
 
 import optcore
 
@@ -39,12 +40,6 @@ OPTIMIZERS = {
 ATOL = 1e-6  # 8 x the largest measured distance (1.2e-7), on every instruction set tried
 
 
-def grads(i: int) -> dict:
-  key = jax.random.key(i)
-  return {k: jax.random.normal(jax.random.fold_in(key, n), p.shape) for n, (k, p) in
-          enumerate(sorted(PARAMS.items()))}  # fmt: skip
-
-
 @pytest.fixture
 def mesh(cpu_devices):
   return Mesh(np.array(cpu_devices).reshape(4, 2), ("data", "model"))
@@ -66,7 +61,7 @@ def test_zero1_and_host_memory_give_one_devices_numbers(mesh, name, memory_kind)
   assert split and all("data" in str(x.sharding.spec) for x in split), [x.sharding for x in split]
   step = jax.jit(lambda o, g: o.apply_gradient(g))
   for i in range(3):
-    opt, reference = step(opt, grads(i)), step(reference, grads(i))
+    opt, reference = step(opt, grads_at(i, PARAMS)), step(reference, grads_at(i, PARAMS))
   for key in PARAMS:
     np.testing.assert_allclose(
       np.asarray(opt.target[key]), np.asarray(reference.target[key]), rtol=0, atol=ATOL,
@@ -76,6 +71,6 @@ def test_zero1_and_host_memory_give_one_devices_numbers(mesh, name, memory_kind)
     PARAMS, AXES, mesh, logical_axis_rules=RULES, state_axis="data",
     state_memory_kind=memory_kind,
   ).restore_state(opt.state_dict())  # fmt: skip
-  a, b = step(opt, grads(3)), step(restored, grads(3))
+  a, b = step(opt, grads_at(3, PARAMS)), step(restored, grads_at(3, PARAMS))
   for x, y in zip(jax.tree.leaves(a.target), jax.tree.leaves(b.target), strict=True):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))

@@ -178,8 +178,8 @@ def run(name, make, mesh):
 
   op("transplant", transplant)
 
-  def sharded():
-    o = d.create_sharded(
+  def create_sharded():
+    return d.create_sharded(
       PARAMS,
       AXES,
       mesh,
@@ -187,19 +187,15 @@ def run(name, make, mesh):
       state_axis="data",
       state_memory_kind="pinned_host",
     )
+
+  def sharded():
+    o = create_sharded()
     for i in range(3):
       o = step(o, grads(i))
     ref = state["o3"].target
     for x, y in zip(jax.tree.leaves(o.target), jax.tree.leaves(ref), strict=True):
       np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=2e-5, rtol=1e-5)
-    r = d.create_sharded(
-      PARAMS,
-      AXES,
-      mesh,
-      logical_axis_rules=RULES,
-      state_axis="data",
-      state_memory_kind="pinned_host",
-    ).restore_state(o.state_dict())
+    r = create_sharded().restore_state(o.state_dict())
     step(r, grads(4))
     optcore.statistics(o)
     optcore.eval_params(o)
