@@ -4,7 +4,9 @@ same adamw step without them.
 Each row times a jitted adamw step (with donation) three ways, every one against the bare step,
 compile-order balanced over shuffled rounds (timing.py):
 
-  statistics  optcore.with_statistics(adamw): per-group grad, update and parameter norms
+  statistics  optcore.with_statistics(adamw): per-group grad, update and parameter norms, a
+              group a top-level key (here a group a leaf)
+  one group   the same with every leaf in one group ({'all': '.'}) beside 'global'
   skip        optcore.skip_bad_steps(adamw): the global norm, the window rule and a select
   A/A         the bare step against a separately built bare step (the noise band)
 
@@ -39,6 +41,7 @@ DEFS = {
   "bare": lambda: optcore.adamw(1e-3),
   "control": lambda: optcore.adamw(1e-3),
   "statistics": lambda: optcore.with_statistics(optcore.adamw(1e-3)),
+  "statistics_one_group": lambda: optcore.with_statistics(optcore.adamw(1e-3), {"all": "."}),
   "skip": lambda: optcore.skip_bad_steps(optcore.adamw(1e-3)),
 }
 
@@ -51,7 +54,7 @@ def bench(total: int, leaves: int, rounds: int, steps: int) -> dict:
   params = make_params(total, leaves)
   build = lambda key: runner(key, params, steps)
   row = {"params": int(sum(p.size for p in params.values())), "leaves": len(params)}
-  for key in ("statistics", "skip", "control"):
+  for key in ("statistics", "statistics_one_group", "skip", "control"):
     result = balanced_ratio(build, "bare", key, rounds, steps)
     row[key] = result["ratio"][0]
     row[f"{key}_quartiles"] = result["ratio"][1:]
@@ -84,7 +87,7 @@ def step_bytes(total: int, leaves: int) -> list[dict]:
   grads = jax.tree.map(jnp.ones_like, params)
   steps = {
     name: (lambda opt, g: opt.apply_gradient(g), DEFS[name]().create(params))
-    for name in ("bare", "skip")
+    for name in ("bare", "statistics", "skip")
   }
   steps["hand-written skip"] = hand_written_skip(params)
   rows = []
@@ -119,7 +122,8 @@ def main() -> None:
     rows.append(row)
     print(
       f"{row['params'] / 1e6:.2f}M params in {row['leaves']} leaves: bare {row['bare_ms']:.3f} ms"
-      f" | with_statistics x{row['statistics']:.3f} | skip_bad_steps x{row['skip']:.3f} | "
+      f" | with_statistics x{row['statistics']:.3f} (one group "
+      f"x{row['statistics_one_group']:.3f}) | skip_bad_steps x{row['skip']:.3f} | "
       f"A/A x{row['control']:.3f}"
     )
   RESULTS.mkdir(exist_ok=True)
@@ -128,13 +132,14 @@ def main() -> None:
   lines = [
     f"adamw step, jitted ({machine}); each ratio over the bare step, median [quartiles].",
     "",
-    "| params | leaves | bare step (ms) | with_statistics | skip_bad_steps | A/A control |",
-    "|---|---|---|---|---|---|",
+    "| params | leaves | bare step (ms) | with_statistics | with_statistics, one group "
+    "| skip_bad_steps | A/A control |",
+    "|---|---|---|---|---|---|---|",
   ]
   for r in rows:
     lines.append(
       f"| {r['params'] / 1e6:.2f}M | {r['leaves']} | {r['bare_ms']:.3f} | {q(r, 'statistics')} "
-      f"| {q(r, 'skip')} | {q(r, 'control')} |"
+      f"| {q(r, 'statistics_one_group')} | {q(r, 'skip')} | {q(r, 'control')} |"
     )
   total, leaves = shapes[0]
   lines += [
@@ -146,7 +151,11 @@ def main() -> None:
     "|---|---|---|---|",
   ]
   for r in step_bytes(total, leaves):
-    name = {"bare": "adamw", "skip": "skip_bad_steps(adamw)"}.get(r["step"], r["step"])
+    name = {
+      "bare": "adamw",
+      "statistics": "with_statistics(adamw)",
+      "skip": "skip_bad_steps(adamw)",
+    }.get(r["step"], r["step"])
     lines.append(
       f"| {name} | {'yes' if r['donated'] else 'no'} | {r['bytes']:.1f} | {r['temporaries']:.2f} |"
     )
