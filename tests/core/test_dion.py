@@ -17,9 +17,9 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 from jax.sharding import PartitionSpec
+from reference_runs import as_jax, check_as_optax, check_core_face
 
 import optcore
 
@@ -42,22 +42,10 @@ def definition(name: str) -> optcore.OptimizerDef:
   return optcore.contrib.dion(**kwargs, scalar_algorithm=algorithm)
 
 
-def as_jax(tree: dict) -> dict:
-  return {k: jnp.asarray(v) for k, v in tree.items()}
-
-
 def with_reference_q(state: optcore.contrib.DionState, name: str) -> optcore.contrib.DionState:
   """The state with the reference's initial ``Q`` (torch's ``randn``) in place of optcore's."""
   q = {**state.q, **{k: jnp.asarray(REFERENCE[f"{name}/q0/{k}"]) for k in MATRICES}}
   return state._replace(q=q)
-
-
-def check_step(name: str, step: int, params: dict, route: str) -> None:
-  for key, value in params.items():
-    np.testing.assert_allclose(
-      np.asarray(value), REFERENCE[f"{name}/step{step}/{key}"], rtol=0, atol=ATOL,
-      err_msg=f"{name} through {route}, step {step}, leaf {key!r}",
-    )  # fmt: skip
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -65,11 +53,7 @@ def test_create_apply_gradient_matches_the_authors_code(name):
   params, grads = case_inputs(name)
   opt = definition(name).create(as_jax(params))
   state = opt.state.replace(param_states=with_reference_q(opt.state.param_states, name))
-  opt = opt.replace(state=state)
-  step = jax.jit(lambda opt, g: opt.apply_gradient(g))
-  for i, grad in enumerate(grads, start=1):
-    opt = step(opt, as_jax(grad))
-    check_step(name, i, opt.target, "create().apply_gradient")
+  opt = check_core_face(REFERENCE, ATOL, name, opt.replace(state=state), grads)
   assert int(opt.state.step) == STEPS
 
 
@@ -78,13 +62,8 @@ def test_as_optax_matches_the_authors_code(name):
   params, grads = case_inputs(name)
   params = as_jax(params)
   tx = definition(name).as_optax()
-  state = tx.init(params)
-  state = with_reference_q(state, name)
-  update = jax.jit(tx.update)
-  for i, grad in enumerate(grads, start=1):
-    updates, state = update(as_jax(grad), state, params)
-    params = optax.apply_updates(params, updates)
-    check_step(name, i, params, "as_optax()")
+  state = with_reference_q(tx.init(params), name)
+  check_as_optax(REFERENCE, ATOL, name, tx, state, params, grads)
 
 
 def test_the_state_has_the_references_shapes():

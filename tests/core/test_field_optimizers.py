@@ -20,8 +20,8 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
+from reference_runs import as_jax, check_as_optax, check_core_face
 
 import optcore
 
@@ -75,19 +75,6 @@ def definition(name: str) -> optcore.OptimizerDef:
   return optcore.zclip(inner, **zclip_kwargs)
 
 
-def as_jax(tree: dict) -> dict:
-  return {k: jnp.asarray(v) for k, v in tree.items()}
-
-
-def check_step(name: str, step: int, params: dict, route: str) -> None:
-  for key, value in params.items():
-    expected = REFERENCE[f"{name}/step{step}/{key}"]
-    np.testing.assert_allclose(
-      np.asarray(value), expected, rtol=0, atol=ATOL,
-      err_msg=f"{name} through {route}, step {step}, leaf {key!r}",
-    )  # fmt: skip
-
-
 def test_the_committed_zclip_data_is_what_zclip_writes_now():
   """Run by ``nox -s reference``, where zclip from PyPI (its ``zclip.py`` the clone's, byte for
   byte) has just written the ZClip cases (``make_field_reference.py --zclip-only``)."""
@@ -107,11 +94,7 @@ def test_the_committed_zclip_data_is_what_zclip_writes_now():
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_create_apply_gradient_matches_the_authors_code(name):
   params, grads = case_inputs(name)
-  opt = definition(name).create(as_jax(params))
-  step = jax.jit(lambda opt, g: opt.apply_gradient(g))
-  for i, grad in enumerate(grads, start=1):
-    opt = step(opt, as_jax(grad))
-    check_step(name, i, opt.target, "create().apply_gradient")
+  opt = check_core_face(REFERENCE, ATOL, name, definition(name).create(as_jax(params)), grads)
   assert int(opt.state.step) == STEPS
 
 
@@ -120,12 +103,7 @@ def test_as_optax_matches_the_authors_code(name):
   params, grads = case_inputs(name)
   params = as_jax(params)
   tx = definition(name).as_optax()
-  state = tx.init(params)
-  update = jax.jit(tx.update)
-  for i, grad in enumerate(grads, start=1):
-    updates, state = update(as_jax(grad), state, params)
-    params = optax.apply_updates(params, updates)
-    check_step(name, i, params, "as_optax()")
+  check_as_optax(REFERENCE, ATOL, name, tx, tx.init(params), params, grads)
 
 
 @pytest.mark.parametrize("name", [n for n in sorted(CASES) if CASES[n][2] is not None])
