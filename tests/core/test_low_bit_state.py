@@ -162,8 +162,7 @@ def _definition(bits, weight_decay, rounding):
 def test_adam_trajectories_equal_the_libraries_to_float32_rounding(ref, case):
   """Twelve steps at lr 1e-2 with a 30x gradient at the fifth (the scales jump): the
   parameters equal the library's within 1e-5 (a step is 1e-2), though optax and the libraries
-  write the update in different float32 orders (bitsandbytes: 3.0e-6 at most from its eager
-  kernels, which the reference script runs; 2.4e-6 from its compiled ones)."""
+  write the update in different float32 orders."""
   prefix, bits, weight_decay, rounding, compared = case
   opt, kept = _run(_definition(bits, weight_decay, rounding), max(KEPT_STEPS))
   for step in KEPT_STEPS:

@@ -15,6 +15,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import bitsandbytes as bnb
+import bitsandbytes.functional as bnb_functional
 import numpy as np
 import torch
 import torchao
@@ -23,19 +25,6 @@ from torchao.optim import AdamW4bit, AdamW8bit
 from torchao.optim.quant_utils import quantize_4bit_with_qmap, quantize_8bit_with_qmap, scale_tensor
 from torchao.optim.subclass_4bit import get_qmap_signed as qmap4_signed
 from torchao.optim.subclass_4bit import get_qmap_unsigned as qmap4_unsigned
-
-# bitsandbytes torch.compile's its CPU kernels when it loads and runs them eagerly whenever
-# the compiled one raises (its _try_torch_compile), so a run may write either numerics: one CI
-# run (2026-11-27) wrote bnb_adam8's first step 3.0e-6 from the committed data, which the
-# eager kernels give bit for bit (TORCHDYNAMO_DISABLE=1). Loaded with torch.compile as the
-# identity, its kernels are always the eager ones. torchao's stay compiled, as committed.
-_compile = torch.compile
-torch.compile = lambda fn=None, **kwargs: fn if fn is not None else (lambda f: f)
-try:
-  import bitsandbytes as bnb
-  import bitsandbytes.functional as bnb_functional
-finally:
-  torch.compile = _compile
 
 
 def trajectory(make, prefix: str, out: dict[str, np.ndarray]) -> None:
