@@ -43,7 +43,14 @@ def test_the_committed_data_is_what_the_libraries_write_now(ref):
   with np.load(DATA / "low_bit_reference.npz") as committed:
     assert set(committed.files) == set(ref)
     for key in committed.files:
-      if key != "versions":
+      if key == "versions":
+        continue
+      if np.issubdtype(committed[key].dtype, np.floating):
+        # bitsandbytes 0.50.2's CPU Adam8bit is not reproducible run to run: of 8 runs on
+        # one machine (2026-11-27) three wrote bnb_adam8's w 3.04e-6 from the other five (half
+        # its values; steps 1 and 12), every other key equal. 1.5e-5 is five times that.
+        np.testing.assert_allclose(committed[key], ref[key], rtol=0, atol=1.5e-5, err_msg=key)
+      else:  # the codes and block maps: exact
         np.testing.assert_array_equal(committed[key], ref[key], err_msg=key)
 
 
