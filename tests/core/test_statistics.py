@@ -187,3 +187,34 @@ def test_small_leaves_summed_together_give_the_norms_computed_by_hand(monkeypatc
   for name, value in runs[True].items():
     # the two orders of summation: 9.8e-8 at most (default, SSE4_2 and AVX instructions)
     np.testing.assert_allclose(float(value), float(runs[False][name]), rtol=1e-6, err_msg=name)
+
+
+def test_the_norms_are_one_array_in_the_state_and_restore_with_their_names():
+  """Issue 52: the groups' rows are one (groups, 3) array (an output array a group was a kernel
+  a group), the names static beside it; a state dict holds ``values/norms`` and restores into
+  the names of the tree it is restored into; a group that matches nothing is a row of zeros."""
+  groups = {"mlp": "/mlp/", "nothing": "/absent/", "attention": "/attention/"}
+  with pytest.warns(UserWarning, match=r"group 'nothing'"):
+    opt = optcore.with_statistics(optcore.sgd(0.1), groups).create(params())
+  opt = STEP(opt, grads(0, opt.target))
+  kept = opt.state.param_states.values
+  assert isinstance(kept, optcore.GroupNorms)
+  assert kept.names == ("mlp", "nothing", "attention", "global")  # the user's order
+  assert kept.norms.shape == (4, 3) and kept.norms.dtype == jnp.float32
+  np.testing.assert_array_equal(np.asarray(kept.norms[1]), np.zeros(3))
+  stats = optcore.statistics(opt)
+  for i, name in enumerate(kept.names):
+    assert float(stats[f"{name}/update_norm"]) == float(kept.norms[i, 1])
+  state_dict = opt.state_dict()
+  assert set(state_dict["state"]["param_states"]["values"]) == {"norms"}
+  with pytest.warns(UserWarning, match=r"group 'nothing'"):
+    fresh = optcore.with_statistics(optcore.sgd(0.1), groups).create(params())
+  restored = fresh.restore_state(state_dict)
+  assert restored.state.param_states.values.names == kept.names
+  np.testing.assert_array_equal(restored.state.param_states.values.norms, kept.norms)
+  # a dict a group (the layout before issue 52) is refused at its path, nothing restored
+  old = state_dict | {"state": {**state_dict["state"], "param_states": {
+    **state_dict["state"]["param_states"], "values": {name: np.ones(3) for name in kept.names}
+  }}}  # fmt: skip
+  with pytest.raises(optcore.StateDictError, match=r"param_states/values.*norms"):
+    fresh.restore_state(old)

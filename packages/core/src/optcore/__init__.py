@@ -117,6 +117,7 @@ from optcore._src.skip import SkipBadSteps as SkipBadSteps
 from optcore._src.skip import SkipState as SkipState
 from optcore._src.skip import skip_bad_steps as skip_bad_steps
 from optcore._src.state_axes import Placement as Placement
+from optcore._src.statistics import GroupNorms as GroupNorms
 from optcore._src.statistics import StatisticsState as StatisticsState
 from optcore._src.statistics import WithStatistics as WithStatistics
 from optcore._src.statistics import with_statistics as with_statistics
@@ -170,6 +171,7 @@ __all__ = [
   "CautiousState",
   "Ema",
   "EmaState",
+  "GroupNorms",
   "Grouped",
   "GroupedOptimizer",
   "GroupedParams",
