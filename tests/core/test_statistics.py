@@ -189,10 +189,11 @@ def test_small_leaves_summed_together_give_the_norms_computed_by_hand(monkeypatc
     np.testing.assert_allclose(float(value), float(runs[False][name]), rtol=1e-6, err_msg=name)
 
 
-def test_the_norms_are_one_array_in_the_state_and_restore_with_their_names():
+def test_the_norms_are_one_array_in_the_state_and_an_array_a_group_in_state_dicts():
   """Issue 52: the groups' rows are one (groups, 3) array (an output array a group was a kernel
-  a group), the names static beside it; a state dict holds ``values/norms`` and restores into
-  the names of the tree it is restored into; a group that matches nothing is a row of zeros."""
+  a group), the names static beside it; a state dict keeps the layout it had, an array a group
+  (a checkpoint written before restores), and reads back into the names of the tree it is
+  restored into; a group that matches nothing is a row of zeros."""
   groups = {"mlp": "/mlp/", "nothing": "/absent/", "attention": "/attention/"}
   with pytest.warns(UserWarning, match=r"group 'nothing'"):
     opt = optcore.with_statistics(optcore.sgd(0.1), groups).create(params())
@@ -205,16 +206,21 @@ def test_the_norms_are_one_array_in_the_state_and_restore_with_their_names():
   stats = optcore.statistics(opt)
   for i, name in enumerate(kept.names):
     assert float(stats[f"{name}/update_norm"]) == float(kept.norms[i, 1])
-  state_dict = opt.state_dict()
-  assert set(state_dict["state"]["param_states"]["values"]) == {"norms"}
+  written = opt.state_dict()["state"]["param_states"]["values"]
+  assert sorted(written) == sorted(kept.names)
+  assert {(v.shape, v.dtype) for v in written.values()} == {((3,), np.dtype(np.float32))}
+  # as a checkpoint gives it back: NumPy, rows in another order
+  saved = jax.tree.map(np.asarray, opt.state_dict())
+  saved["state"]["param_states"]["values"] = dict(reversed(written.items()))
   with pytest.warns(UserWarning, match=r"group 'nothing'"):
     fresh = optcore.with_statistics(optcore.sgd(0.1), groups).create(params())
-  restored = fresh.restore_state(state_dict)
-  assert restored.state.param_states.values.names == kept.names
-  np.testing.assert_array_equal(restored.state.param_states.values.norms, kept.norms)
-  # a dict a group (the layout before issue 52) is refused at its path, nothing restored
-  old = state_dict | {"state": {**state_dict["state"], "param_states": {
-    **state_dict["state"]["param_states"], "values": {name: np.ones(3) for name in kept.names}
-  }}}  # fmt: skip
-  with pytest.raises(optcore.StateDictError, match=r"param_states/values.*norms"):
-    fresh.restore_state(old)
+  restored = fresh.restore_state(saved).state.param_states.values
+  assert restored.names == kept.names and isinstance(restored.norms, jax.Array)
+  np.testing.assert_array_equal(restored.norms, kept.norms)
+  # a row missing or of another shape is refused at its path, nothing restored
+  del saved["state"]["param_states"]["values"]["mlp"]
+  with pytest.raises(optcore.StateDictError, match=r"param_states/values/mlp.*missing"):
+    fresh.restore_state(saved)
+  saved["state"]["param_states"]["values"]["mlp"] = np.ones(4, np.float32)
+  with pytest.raises(optcore.StateDictError, match=r"param_states/values/mlp.*shape \(3,\)"):
+    fresh.restore_state(saved)

@@ -2,7 +2,8 @@
 
 ``to_state_dict`` turns any pytree into nested dicts: mapping keys, NamedTuple
 fields and object attributes become keys, list and tuple items become ``'0'``,
-``'1'``, ...; None stays None and arrays stay as they are. ``from_state_dict``
+``'1'``, ...; None stays None and arrays stay as they are; a node whose type
+has ``state_dict_form`` (`optcore.GroupNorms`) is written as that. ``from_state_dict``
 reads such a dict back into the structure of a reference tree and checks every
 key, shape and dtype before it builds anything.
 """
@@ -48,6 +49,8 @@ def to_state_dict(tree: Any) -> Any:
   """
   if tree is None:
     return None
+  if _written_form(tree) is not None:
+    return to_state_dict(tree.state_dict_form())
   hidden = paths.hidden_child(tree)
   if hidden is not None:
     return to_state_dict(hidden[0])
@@ -210,11 +213,20 @@ def from_state_dict(reference: Any, state_dict: Any, *, root: str = "") -> Any:
   return _restore(reference, state_dict, root, False)
 
 
+def _written_form(node: Any) -> Any:
+  """The ``state_dict_form`` method of a node whose type writes state dicts in a layout of its
+  own (`optcore.GroupNorms`: an array a group, its rows one array in the state), else None;
+  such a type reads that layout back with ``from_state_dict_form``."""
+  return getattr(type(node), "state_dict_form", None)
+
+
 def _restore(ref: Any, value: Any, path: str, legacy: bool) -> Any:
   if ref is None:
     if value is not None:
       raise StateDictError(f"at {path!r}: expected None, found {describe(value)}.")
     return None
+  if _written_form(ref) is not None:
+    return ref.from_state_dict_form(_restore(ref.state_dict_form(), value, path, legacy))
   hidden = paths.hidden_child(ref)
   if hidden is not None:
     child, treedef = hidden

@@ -33,7 +33,7 @@ class GroupNorms:
 
   One array, not one per group: a jitted step writes each output array with a kernel of its
   own, and a group a layer is hundreds of them (issue 52: x1.53 against x1.19 the plain adamw
-  step at 1M parameters in 310 groups).
+  step at 1M parameters in 310 groups). State dicts keep an array a group (`state_dict_form`).
 
   Attributes:
     norms: float32 ``(len(names), 3)``; row ``i`` is group ``names[i]``'s ``[grad_norm,
@@ -64,6 +64,29 @@ class GroupNorms:
     """``{group: float32 (3,)}``, in ``names``' order."""
     return {name: self.norms[i] for i, name in enumerate(self.names)}
 
+  def state_dict_form(self) -> dict[str, Any]:
+    """What a state dict holds of it (`optcore.to_state_dict`): `rows`, an array a group, the
+    layout state dicts and checkpoints had before the rows were one array. A tree of logical
+    axes or of abstract arrays gives each row's."""
+    norms = self.norms
+    if isinstance(norms, PartitionSpec):
+      return {name: PartitionSpec(*norms[1:]) for name in self.names}
+    if isinstance(norms, jax.ShapeDtypeStruct):
+      row = jax.ShapeDtypeStruct(norms.shape[1:], norms.dtype)
+      return {name: row for name in self.names}
+    if np.shape(norms)[:1] == (len(self.names),):
+      return self.rows()
+    return {name: norms for name in self.names}  # None, or one value for every row
+
+  def from_state_dict_form(self, rows: Mapping[str, Any]) -> GroupNorms:
+    """These names with ``rows`` (`state_dict_form`'s layout, read and checked against it)."""
+    found = [rows[name] for name in self.names]
+    if isinstance(found[0], PartitionSpec):
+      return GroupNorms(PartitionSpec(None, *found[0]), self.names)
+    if all(hasattr(row, "shape") and not isinstance(row, jax.ShapeDtypeStruct) for row in found):
+      return GroupNorms(jnp.stack(found), self.names)
+    return GroupNorms(found[0], self.names)
+
   def __eq__(self, other: object) -> bool:  # as a NamedTuple compares: field by field
     if type(other) is not type(self):
       return NotImplemented
@@ -83,7 +106,7 @@ class StatisticsState(NamedTuple):
     inner: the wrapped definition's ``param_states``.
     values: `GroupNorms`: the last step's gradient, update and parameter (after the update) L2
       norms of each group, ``'global'`` for all parameters together, as one float32
-      ``(groups, 3)`` array (a state dict's ``values/norms``).
+      ``(groups, 3)`` array; a state dict holds an array a group (``values/global``).
   """
 
   inner: PyTree
