@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from dion_inputs import CASES, MATRICES, STEPS, case_inputs
-from make_field_reference import commit
+from torch_runs import commit, parameters, record, save
 
 
 def load(clone: Path) -> type:
@@ -49,9 +49,7 @@ def load(clone: Path) -> type:
 def trajectory(dion: type, name: str, out: dict[str, np.ndarray]) -> None:
   kwargs, algorithm = CASES[name]
   params0, grads = case_inputs(name)
-  module = torch.nn.ParameterDict(
-    {k: torch.nn.Parameter(torch.tensor(v)) for k, v in params0.items()}
-  )
+  module = parameters(params0)
   groups = [
     {"params": [module[k] for k in MATRICES]},
     {"params": [p for k, p in module.items() if k not in MATRICES], "algorithm": algorithm},
@@ -64,12 +62,7 @@ def trajectory(dion: type, name: str, out: dict[str, np.ndarray]) -> None:
       module[k], opt.state[module[k]], group["rank_fraction"], group["rank_multiple_of"]
     )
     out[f"{name}/q0/{k}"] = opt.state[module[k]]["Q"].numpy().copy()
-  for step, grad in enumerate(grads, start=1):
-    for k, p in module.items():
-      p.grad = torch.tensor(grad[k])
-    opt.step()
-    for k, p in module.items():
-      out[f"{name}/step{step}/{k}"] = p.detach().numpy().copy()
+  record(name, module, grads, opt.step, out)
 
 
 def main() -> None:
@@ -81,11 +74,7 @@ def main() -> None:
   out: dict[str, np.ndarray] = {}
   for name in CASES:
     trajectory(dion, name, out)
-  out["meta/source"] = np.array(f"microsoft/dion {commit(clone)} dion/dion_reference.py")
-  out["meta/torch"] = np.array(torch.__version__)
-  out["meta/steps"] = np.array(STEPS)
-  np.savez_compressed(target, **out)
-  print(f"wrote {target}: {len(out)} arrays")
+  save(target, out, f"microsoft/dion {commit(clone)} dion/dion_reference.py", STEPS)
 
 
 if __name__ == "__main__":

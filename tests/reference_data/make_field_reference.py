@@ -39,7 +39,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.metadata
-import subprocess
 import sys
 import types
 from pathlib import Path
@@ -47,6 +46,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from field_inputs import CASES, STEPS, case_inputs
+from torch_runs import commit, parameters, record, save
 
 #: The reference classes each case needs besides its own (ZClip's: the optimizers it feeds).
 TORCH_OPTIMIZERS = {"sgd": torch.optim.SGD, "adamw": torch.optim.AdamW}
@@ -79,9 +79,7 @@ def load(c_optim: Path, mars: Path, zclip: Path, normuon: Path) -> dict[str, obj
 def trajectory(classes: dict, name: str, out: dict[str, np.ndarray]) -> None:
   reference, kwargs, zclip_kwargs = CASES[name]
   params0, grads = case_inputs(name)
-  module = torch.nn.ParameterDict(
-    {k: torch.nn.Parameter(torch.tensor(v)) for k, v in params0.items()}
-  )
+  module = parameters(params0)
   if reference == "c_adamw":
     kwargs = {**kwargs, "foreach": False, "no_deprecation_warning": True}
   if reference == "normuon":
@@ -95,22 +93,23 @@ def trajectory(classes: dict, name: str, out: dict[str, np.ndarray]) -> None:
     )
   else:
     opt = classes[reference](list(module.values()), **kwargs)
-  clipper = None if zclip_kwargs is None else classes["zclip"](**zclip_kwargs)
-  for step, grad in enumerate(grads, start=1):
-    for k, p in module.items():
-      p.grad = torch.tensor(grad[k])
-    if clipper is not None:
+  before_step = None
+  if zclip_kwargs is not None:
+    clipper = classes["zclip"](**zclip_kwargs)
+
+    def before_step(step: int) -> None:  # after backward, before the optimizer's step
       clipper.step(module)
-      out[f"{name}/step{step}/zclip_mean"] = np.array(
-        np.nan if clipper.mean is None else clipper.mean, np.float64
-      )
-    if reference == "normuon":
+      mean = np.nan if clipper.mean is None else clipper.mean
+      out[f"{name}/step{step}/zclip_mean"] = np.array(mean, np.float64)
+
+  step = opt.step
+  if reference == "normuon":
+
+    def step() -> None:
       with float32_newton_schulz():
         opt.step()
-    else:
-      opt.step()
-    for k, p in module.items():
-      out[f"{name}/step{step}/{k}"] = p.detach().numpy().copy()
+
+  record(name, module, grads, step, out, before_step=before_step)
 
 
 @contextlib.contextmanager
@@ -123,13 +122,6 @@ def float32_newton_schulz():
     yield
   finally:
     torch.Tensor.bfloat16 = cast
-
-
-def commit(source: Path) -> str:
-  found = subprocess.run(
-    ["git", "-C", str(source), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-  )
-  return found.stdout.strip() or "unknown commit"
 
 
 def main() -> None:
@@ -152,11 +144,7 @@ def main() -> None:
     )
   for name in names:
     trajectory(classes, name, out)
-  out["meta/source"] = np.array(source)
-  out["meta/torch"] = np.array(torch.__version__)
-  out["meta/steps"] = np.array(STEPS)
-  np.savez_compressed(target, **out)
-  print(f"wrote {target}: {len(out)} arrays")
+  save(target, out, source, STEPS)
 
 
 if __name__ == "__main__":

@@ -15,26 +15,21 @@ or JAX.
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 from soap_inputs import CASES, STEPS, case_inputs
+from torch_runs import commit, parameters, record, save
 
 
 def trajectory(soap_class, name: str, out: dict[str, np.ndarray]) -> None:
   _, kwargs = CASES[name]
   params0, grads = case_inputs(name)
-  params = {k: torch.nn.Parameter(torch.tensor(v)) for k, v in params0.items()}
-  opt = soap_class(list(params.values()), **kwargs)
-  for step, grad in enumerate(grads, start=1):
-    for k, p in params.items():
-      p.grad = torch.tensor(grad[k])
-    opt.step()
-    for k, p in params.items():
-      out[f"{name}/step{step}/{k}"] = p.detach().numpy().copy()
+  module = parameters(params0)
+  opt = soap_class(list(module.values()), **kwargs)
+  record(name, module, grads, opt.step, out)
 
 
 def main() -> None:
@@ -48,14 +43,7 @@ def main() -> None:
   out: dict[str, np.ndarray] = {}
   for name in CASES:
     trajectory(SOAP, name, out)
-  commit = subprocess.run(
-    ["git", "-C", str(source), "rev-parse", "HEAD"], capture_output=True, text=True
-  ).stdout.strip()
-  out["meta/source"] = np.array(f"nikhilvyas/SOAP {commit or 'unknown commit'}")
-  out["meta/torch"] = np.array(torch.__version__)
-  out["meta/steps"] = np.array(STEPS)
-  np.savez_compressed(target, **out)
-  print(f"wrote {target}: {len(out)} arrays")
+  save(target, out, f"nikhilvyas/SOAP {commit(source, short=False)}", STEPS)
 
 
 if __name__ == "__main__":
