@@ -230,6 +230,38 @@ def test_state_dict_is_the_ungrouped_one_and_restores_both_ways():
   assert int(back.packed_state.step) == len(grads)
 
 
+def test_a_grouped_optimizer_has_every_method_of_an_optimizer_with_its_results():
+  """Issue 49: one container's methods, not a second copy of some of them: compute_gradient,
+  optimize, current_hyper_params, transplant and the read-outs give a grouped optimizer what
+  they give the ungrouped one, and keep it grouped."""
+  params = make_params()
+  grads = gradient_sequence(params, 1)[0]
+  loss = lambda p: sum(jnp.sum(x**2) for x in jax.tree.leaves(p))
+  opt = optcore.grouped(optcore.adam(1e-2), max_leaf_size=MAX_LEAF_SIZE).create(params)
+  ref = optcore.adam(1e-2).create(params)
+  assert not set(dir(ref)) - set(dir(opt)) - {"replicate", "unreplicate", "target_shardings"}
+  loss_value, grad = opt.compute_gradient(loss)
+  want_loss, want_grad = ref.compute_gradient(loss)
+  assert float(loss_value) == float(want_loss)
+  chex_equal(grad, want_grad)
+  with pytest.warns(DeprecationWarning, match="optimize"):
+    stepped, _ = opt.optimize(loss)
+  assert isinstance(stepped.packed_target, optcore.GroupedParams)
+  assert int(stepped.state.step) == 1
+  assert float(opt.current_hyper_params()["learning_rate"]) == pytest.approx(1e-2)
+  # an ungrouped checkpoint of the same algorithm: every moment kept, the layout grouped still
+  old = ref.apply_gradient(grads)
+  moved, report = opt.transplant(old.state_dict())
+  assert isinstance(moved.packed_state.param_states[0].mu, optcore.GroupedParams)
+  assert {"param_states/0/mu/w1", "param_states/0/nu/big"} <= {e.path for e in report.kept}
+  chex_equal(moved.state, old.state)
+  chex_equal(moved.target, opt.target)  # the target is this optimizer's
+  with pytest.raises(TypeError, match="keeps no schedule-free state"):
+    _ = opt.eval_params
+  with pytest.raises(TypeError, match="cannot keep one"):
+    _ = opt.ema_params
+
+
 def test_a_legacy_state_dict_restores_grouped():
   params = make_params()
   ref = legacy.Adam(0.1).create(params).apply_gradient(gradient_sequence(params, 1)[0])

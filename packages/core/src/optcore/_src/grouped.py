@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, ClassVar, Generic, TypeVar, Unpack
+from typing import Any, ClassVar, TypeVar, Unpack
 
 import jax
 import jax.numpy as jnp
@@ -40,7 +40,7 @@ from optcore._src.grouped_layout import (
   unpack_tree,
 )
 from optcore._src.multi_optimizer import MultiOptimizer
-from optcore._src.optimizer import Optimizer, OptimizerState, Pins, keep_shardings
+from optcore._src.optimizer import BoundOptimizer, OptimizerState, Pins, keep_shardings
 from optcore._src.step import apply_step
 from optcore._src.wrapper import Wrapper
 
@@ -254,10 +254,13 @@ class Grouped(Wrapper):
 
 
 @dataclasses.dataclass(frozen=True)
-class GroupedOptimizer(Generic[T]):
+class GroupedOptimizer(BoundOptimizer[T]):
   """An `Optimizer` whose small parameters and their state stay grouped.
 
-  Made by ``grouped(opt_def).create(target)``; used as an `Optimizer` is.
+  Made by ``grouped(opt_def).create(target)``; used as an `Optimizer` is: ``compute_gradient``,
+  ``optimize``, ``current_hyper_params``, ``transplant`` and the read-outs are the same methods
+  (one implementation for both containers), which see only the ungrouped ``target`` and
+  ``state``.
   ``target`` and ``state`` are the ungrouped views (slices of the buffers;
   inside ``jit`` XLA fuses them into their consumers); ``packed_target`` and
   ``packed_state`` are what it holds, and its pytree leaves.
@@ -293,19 +296,6 @@ class GroupedOptimizer(Generic[T]):
     """The state as the ungrouped definition lays it out."""
     return unpack_tree(self.packed_state)
 
-  def current_hyper_params(self) -> dict[str, jax.Array]:
-    """`Optimizer.current_hyper_params`: what the next step takes unless overridden.
-
-    Example:
-      >>> import jax.numpy as jnp, optax
-      >>> import optcore
-      >>> opt_def = optcore.grouped(optcore.sgd(optax.exponential_decay(1.0, 1, 0.5)))
-      >>> opt = opt_def.create({'w': jnp.ones(2)}).apply_gradient({'w': jnp.ones(2)})
-      >>> opt.current_hyper_params()
-      {'learning_rate': Array(0.5, dtype=float32)}
-    """
-    return self.optimizer_def.current_hyper_params(self.state)
-
   def apply_gradient(
     self,
     grads: PyTree,
@@ -340,16 +330,6 @@ class GroupedOptimizer(Generic[T]):
     )
     new_target = keep_shardings(new_target, self.packed_target_shardings)
     return dataclasses.replace(self, packed_target=new_target, packed_state=new_state)
-
-  def compute_gradient(self, loss_fn: Callable[[T], Any]) -> tuple:
-    """flax.optim's helper, as `Optimizer.compute_gradient`: ``(loss, grad)``,
-    or ``(loss, aux, grad)``, the gradient in the target's structure. (The
-    gradient with respect to ``packed_target``, ``jax.grad(lambda p:
-    loss_fn(p.unpack()))(opt.packed_target)``, is the same one concatenated;
-    `apply_gradient` takes either.)"""
-    return Optimizer.compute_gradient(self, loss_fn)  # reads self.target only
-
-  compute_gradients = compute_gradient
 
   def state_dict(self) -> dict[str, Any]:
     """The state dict of the ungrouped optimizer: it restores either way."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -56,8 +56,142 @@ class Pins:
     return hash(Pins)
 
 
+class BoundOptimizer(Generic[T]):
+  """What every optimizer bound to its target has, read through ``target``, ``state`` and
+  ``replace`` alone: `Optimizer` holds them as they are, `GroupedOptimizer` in the buffers of
+  its layout. One implementation of each, so the two containers cannot drift apart."""
+
+  optimizer_def: Any
+  if TYPE_CHECKING:  # each container's own: dataclass fields, or views of its buffers
+
+    @property
+    def target(self) -> T: ...
+
+    @property
+    def state(self) -> OptimizerState: ...
+
+  def apply_gradient(self, grads: PyTree, **kwargs: Any) -> Self:
+    """One step (each container's own: see `Optimizer.apply_gradient`)."""
+    raise NotImplementedError
+
+  def replace(self, **changes: Any) -> Self:
+    """A copy with ``target=`` and/or ``state=`` replaced (each container's own)."""
+    raise NotImplementedError
+
+  def compute_gradient(self, loss_fn: Callable[[T], Any]) -> tuple:
+    """flax.optim's helper: the loss and its gradient with respect to the target.
+
+    Args:
+      loss_fn: ``target -> loss``, or ``target -> (loss, aux)``.
+
+    Returns:
+      ``(loss, grad)``, or ``(loss, aux, grad)`` when ``loss_fn`` returns ``(loss, aux)``.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> import optcore
+      >>> opt = optcore.sgd(0.1).create({'w': jnp.ones(2)})
+      >>> loss, grad = opt.compute_gradient(lambda p: jnp.sum(p['w'] ** 2))
+      >>> float(loss), grad['w']
+      (2.0, Array([2., 2.], dtype=float32))
+    """
+
+    def wrapped(target):
+      out = loss_fn(target)
+      return (out[0], tuple(out[1:])) if isinstance(out, (tuple, list)) else (out, None)
+
+    (loss, aux), grad = jax.value_and_grad(wrapped, has_aux=True)(self.target)
+    if aux is None:
+      return loss, grad
+    return (loss, *aux, grad)
+
+  compute_gradients = compute_gradient
+
+  def optimize(self, loss_fn: Callable[[T], Any], **hyper_param_overrides: Any) -> tuple:
+    """flax.optim's deprecated one-call step: ``(new_optimizer, loss[, aux])``,
+    the loss computed before the update."""
+    warn(
+      "Optimizer.optimize() is deprecated (as in flax.optim): compute the gradient with "
+      "jax.grad or Optimizer.compute_gradient and call apply_gradient.",
+      DeprecationWarning,
+    )
+    *outputs, grad = self.compute_gradient(loss_fn)
+    return (self.apply_gradient(grad, **hyper_param_overrides), *outputs)
+
+  def current_hyper_params(self) -> dict[str, jax.Array]:
+    """The hyper-parameters the next `apply_gradient` takes unless overridden,
+    for logging: a flat dict of scalar arrays, schedules evaluated at this
+    step, per group for a `MultiOptimizer` (``'0/learning_rate'``). Works
+    inside ``jit``; a schedule's value changes without a recompile.
+
+    Returns:
+      ``{name: scalar array}``: ``'learning_rate'``, ``'0/learning_rate'`` per group, ...
+
+    Example:
+      >>> import jax, jax.numpy as jnp, optax
+      >>> import optcore
+      >>> opt = optcore.sgd(optax.exponential_decay(1.0, 1, 0.5)).create({'w': jnp.ones(1)})
+      >>> opt = opt.apply_gradient({'w': jnp.ones(1)}).apply_gradient({'w': jnp.ones(1)})
+      >>> jax.jit(lambda o: o.current_hyper_params())(opt)
+      {'learning_rate': Array(0.25, dtype=float32)}
+    """
+    return self.optimizer_def.current_hyper_params(self.state)
+
+  @property
+  def eval_params(self) -> T:
+    """The target at the point a schedule-free run evaluates (see `optcore.eval_params`);
+    TypeError for a definition that keeps no schedule-free state."""
+    if not schedule_free.keeps_schedule_free(self.state):
+      raise TypeError(
+        f"eval_params: {self.optimizer_def.display_name()} keeps no schedule-free state (see "
+        "optcore.eval_params)."
+      )
+    return schedule_free.eval_params(self.state, self.target)
+
+  @property
+  def ema_params(self) -> T:
+    """The moving average of the target that an `optcore.ema` definition
+    keeps, in the target's structure; TypeError for any other definition."""
+    return fill_unaveraged(self.optimizer_def.ema_params(self.state), self.target)
+
+  def transplant(
+    self, state_dict: Mapping[str, Any], params: None = None
+  ) -> tuple[Self, TransplantReport]:
+    """This optimizer holding what ``state_dict`` still has for its state (same
+    parameter, role and shape), and a report; see `optcore.transplant`. The
+    target is this optimizer's; this one is untouched.
+
+    Args:
+      state_dict: any face's state dict, or an old flax.optim or T5X checkpoint's.
+      params: not taken (this optimizer holds its target); for `optcore.transplant`'s
+        one signature.
+
+    Returns:
+      ``(new_optimizer, report)``: a `TransplantReport`.
+
+    Raises:
+      TypeError: ``params`` given (this optimizer holds its target).
+      optcore.StateDictError: ``state_dict`` has no ``'state'`` dict.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> import optcore
+      >>> old = optcore.sgd(0.1, momentum=0.9).create({'w': jnp.ones(2)})
+      >>> opt, report = optcore.lars(0.1).create({'w': jnp.ones(2)}).transplant(old.state_dict())
+      >>> [entry.path for entry in report.kept]
+      ['step', 'param_states/3/trace/w']
+    """
+    if params is not None:
+      raise TypeError(
+        "Optimizer.transplant: this optimizer holds its parameters (its target); call "
+        "optcore.transplant(optimizer, state_dict) without params."
+      )
+    state, report = transplant_state(self.optimizer_def, self.target, self.state, state_dict)
+    return self.replace(state=state), report
+
+
 @dataclasses.dataclass(frozen=True)
-class Optimizer(Generic[T]):
+class Optimizer(BoundOptimizer[T]):
   """An optimizer definition bound to its target (the parameters) and state.
 
   Immutable: `apply_gradient` and `restore_state` return a new Optimizer. A
@@ -131,46 +265,6 @@ class Optimizer(Generic[T]):
     )
     return self.replace(target=keep_shardings(new_target, self.target_shardings), state=new_state)
 
-  def compute_gradient(self, loss_fn: Callable[[T], Any]) -> tuple:
-    """flax.optim's helper: the loss and its gradient with respect to the target.
-
-    Args:
-      loss_fn: ``target -> loss``, or ``target -> (loss, aux)``.
-
-    Returns:
-      ``(loss, grad)``, or ``(loss, aux, grad)`` when ``loss_fn`` returns ``(loss, aux)``.
-
-    Example:
-      >>> import jax.numpy as jnp
-      >>> import optcore
-      >>> opt = optcore.sgd(0.1).create({'w': jnp.ones(2)})
-      >>> loss, grad = opt.compute_gradient(lambda p: jnp.sum(p['w'] ** 2))
-      >>> float(loss), grad['w']
-      (2.0, Array([2., 2.], dtype=float32))
-    """
-
-    def wrapped(target):
-      out = loss_fn(target)
-      return (out[0], tuple(out[1:])) if isinstance(out, (tuple, list)) else (out, None)
-
-    (loss, aux), grad = jax.value_and_grad(wrapped, has_aux=True)(self.target)
-    if aux is None:
-      return loss, grad
-    return (loss, *aux, grad)
-
-  compute_gradients = compute_gradient
-
-  def optimize(self, loss_fn: Callable[[T], Any], **hyper_param_overrides: Any) -> tuple:
-    """flax.optim's deprecated one-call step: ``(new_optimizer, loss[, aux])``,
-    the loss computed before the update."""
-    warn(
-      "Optimizer.optimize() is deprecated (as in flax.optim): compute the gradient with "
-      "jax.grad or Optimizer.compute_gradient and call apply_gradient.",
-      DeprecationWarning,
-    )
-    *outputs, grad = self.compute_gradient(loss_fn)
-    return (self.apply_gradient(grad, **hyper_param_overrides), *outputs)
-
   def replicate(
     self, devices: Sequence[Any] | None = None, axis_name: str = "batch"
   ) -> Optimizer[T]:
@@ -190,42 +284,6 @@ class Optimizer(Generic[T]):
     if inner is None:
       raise ValueError("Cannot unreplicate an optimizer that is not replicated.")
     return jax.tree.map(lambda x: x[0], self).replace(optimizer_def=inner)
-
-  def current_hyper_params(self) -> dict[str, jax.Array]:
-    """The hyper-parameters the next `apply_gradient` takes unless overridden,
-    for logging: a flat dict of scalar arrays, schedules evaluated at this
-    step, per group for a `MultiOptimizer` (``'0/learning_rate'``). Works
-    inside ``jit``; a schedule's value changes without a recompile.
-
-    Returns:
-      ``{name: scalar array}``: ``'learning_rate'``, ``'0/learning_rate'`` per group, ...
-
-    Example:
-      >>> import jax, jax.numpy as jnp, optax
-      >>> import optcore
-      >>> opt = optcore.sgd(optax.exponential_decay(1.0, 1, 0.5)).create({'w': jnp.ones(1)})
-      >>> opt = opt.apply_gradient({'w': jnp.ones(1)}).apply_gradient({'w': jnp.ones(1)})
-      >>> jax.jit(lambda o: o.current_hyper_params())(opt)
-      {'learning_rate': Array(0.25, dtype=float32)}
-    """
-    return self.optimizer_def.current_hyper_params(self.state)
-
-  @property
-  def eval_params(self) -> T:
-    """The target at the point a schedule-free run evaluates (see `optcore.eval_params`);
-    TypeError for a definition that keeps no schedule-free state."""
-    if not schedule_free.keeps_schedule_free(self.state):
-      raise TypeError(
-        f"eval_params: {self.optimizer_def.display_name()} keeps no schedule-free state (see "
-        "optcore.eval_params)."
-      )
-    return schedule_free.eval_params(self.state, self.target)
-
-  @property
-  def ema_params(self) -> T:
-    """The moving average of the target that an `optcore.ema` definition
-    keeps, in the target's structure; TypeError for any other definition."""
-    return fill_unaveraged(self.optimizer_def.ema_params(self.state), self.target)
 
   def state_dict(self) -> dict[str, Any]:
     """The state dict in Flax's layout, for a checkpoint (orbax, msgpack, ...).
@@ -267,41 +325,6 @@ class Optimizer(Generic[T]):
     """
     target, state = self.optimizer_def.restore_state(self.target, self.state, state_dict)
     return self.replace(target=target, state=state)
-
-  def transplant(
-    self, state_dict: Mapping[str, Any], params: None = None
-  ) -> tuple[Optimizer[T], TransplantReport]:
-    """This optimizer holding what ``state_dict`` still has for its state (same
-    parameter, role and shape), and a report; see `optcore.transplant`. The
-    target is this optimizer's; this one is untouched.
-
-    Args:
-      state_dict: any face's state dict, or an old flax.optim or T5X checkpoint's.
-      params: not taken (this optimizer holds its target); for `optcore.transplant`'s
-        one signature.
-
-    Returns:
-      ``(new_optimizer, report)``: a `TransplantReport`.
-
-    Raises:
-      TypeError: ``params`` given (this optimizer holds its target).
-      optcore.StateDictError: ``state_dict`` has no ``'state'`` dict.
-
-    Example:
-      >>> import jax.numpy as jnp
-      >>> import optcore
-      >>> old = optcore.sgd(0.1, momentum=0.9).create({'w': jnp.ones(2)})
-      >>> opt, report = optcore.lars(0.1).create({'w': jnp.ones(2)}).transplant(old.state_dict())
-      >>> [entry.path for entry in report.kept]
-      ['step', 'param_states/3/trace/w']
-    """
-    if params is not None:
-      raise TypeError(
-        "Optimizer.transplant: this optimizer holds its parameters (its target); call "
-        "optcore.transplant(optimizer, state_dict) without params."
-      )
-    state, report = transplant_state(self.optimizer_def, self.target, self.state, state_dict)
-    return self.replace(state=state), report
 
   def replace(self, **changes: Any) -> Optimizer[T]:
     return dataclasses.replace(self, **changes)
