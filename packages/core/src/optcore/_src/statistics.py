@@ -62,7 +62,12 @@ class GroupNorms:
 
   def rows(self) -> dict[str, Any]:
     """``{group: float32 (3,)}``, in ``names``' order."""
-    return {name: self.norms[i] for i, name in enumerate(self.names)}
+    if isinstance(self.norms, np.ndarray):
+      return {name: self.norms[i] for i, name in enumerate(self.names)}
+    # a static slice, not an index: JAX 0.10 gathers ``norms[i]`` with the index in device
+    # memory, which an array placed in host memory on a mesh refuses
+    row = lambda i: jax.lax.index_in_dim(self.norms, i, keepdims=False)
+    return {name: row(i) for i, name in enumerate(self.names)}
 
   def state_dict_form(self) -> dict[str, Any]:
     """What a state dict holds of it (`optcore.to_state_dict`): `rows`, an array a group, the
