@@ -49,7 +49,7 @@ def to_state_dict(tree: Any) -> Any:
   """
   if tree is None:
     return None
-  if _written_form(tree) is not None:
+  if _has_own_form(tree):
     return to_state_dict(tree.state_dict_form())
   hidden = paths.hidden_child(tree)
   if hidden is not None:
@@ -213,11 +213,11 @@ def from_state_dict(reference: Any, state_dict: Any, *, root: str = "") -> Any:
   return _restore(reference, state_dict, root, False)
 
 
-def _written_form(node: Any) -> Any:
-  """The ``state_dict_form`` method of a node whose type writes state dicts in a layout of its
-  own (`optcore.GroupNorms`: an array a group, its rows one array in the state), else None;
-  such a type reads that layout back with ``from_state_dict_form``."""
-  return getattr(type(node), "state_dict_form", None)
+def _has_own_form(node: Any) -> bool:
+  """Whether ``node``'s type writes state dicts in a layout of its own (``state_dict_form``;
+  `optcore.GroupNorms`: an array a group, its rows one array in the state) and reads it back
+  (``from_state_dict_form``). Asked of the type: an nnx Variable forwards attributes."""
+  return hasattr(type(node), "state_dict_form")
 
 
 def _restore(ref: Any, value: Any, path: str, legacy: bool) -> Any:
@@ -225,7 +225,7 @@ def _restore(ref: Any, value: Any, path: str, legacy: bool) -> Any:
     if value is not None:
       raise StateDictError(f"at {path!r}: expected None, found {describe(value)}.")
     return None
-  if _written_form(ref) is not None:
+  if _has_own_form(ref):
     return ref.from_state_dict_form(_restore(ref.state_dict_form(), value, path, legacy))
   hidden = paths.hidden_child(ref)
   if hidden is not None:
