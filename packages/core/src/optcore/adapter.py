@@ -22,7 +22,8 @@ same errors, and writes the same state dicts.
 - `state_logical_axes` / `state_shardings`: the state's axes and
   `NamedSharding` objects from the parameters' axes; `StatePlacement`, the
   placement keywords a face's sharding functions take as ``**placement`` and
-  pass through whole (see `optcore.Placement`).
+  pass through whole (see `optcore.Placement`); `shard_method`, a face's ``shard`` made from its
+  ``shardings``, with the same arguments.
 - `transplant_state`: a state filled from a state dict written for another
   optimizer or other parameters, where parameter, role and shape still match
   (what each face's ``transplant`` calls).
@@ -62,6 +63,7 @@ from optcore._src.serialization import key_data_for_export as key_data_for_expor
 from optcore._src.serialization import restore_state_only as restore_state
 from optcore._src.serialization import state_only_dict as state_dict
 from optcore._src.state_axes import StatePlacement as StatePlacement
+from optcore._src.state_axes import shard_method as shard_method
 from optcore._src.state_axes import state_logical_axes as state_logical_axes
 from optcore._src.state_axes import state_shardings as state_shardings
 from optcore._src.step import apply_step as step
@@ -77,6 +79,7 @@ __all__ = [
   "map_definitions",
   "optax_update_arguments",
   "restore_state",
+  "shard_method",
   "split_update_arguments",
   "state_dict",
   "state_logical_axes",

@@ -265,7 +265,8 @@ class Optimizer(eqx.Module):
     that mesh axis, as `optcore.OptimizerDef.derive_shardings` does;
     ``state_memory_kind="pinned_host"`` keeps every non-scalar state array in
     host memory between steps (each `update` brings it to the device and back).
-    Pass the result to ``eqx.filter_shard`` or use `shard`.
+    Pass the result to ``jax.device_put`` (``eqx.filter_shard`` inside ``jit`` on Auto mesh
+    axes) or use `shard`.
 
     Args:
       model: the model this optimizer trains.
@@ -308,47 +309,33 @@ class Optimizer(eqx.Module):
     )
     return eqx.tree_at(lambda o: o.state, self, shardings)
 
-  def shard(
-    self,
-    model: PyTree,
-    model_specs: PyTree | None = None,
-    mesh: Mesh | optcore.Placement | None = None,
-    logical_axis_rules: Sequence[tuple[str, Any]] | None = None,
-    **placement: Unpack[adapter.StatePlacement],
-  ) -> Optimizer:
-    """This optimizer with its state placed by `shardings` (``eqx.filter_shard``).
+  shard = adapter.shard_method(
+    shardings,
+    jax.device_put,  # eqx.filter_shard is a sharding constraint: refused on Explicit mesh axes
+    """This optimizer with its state placed by `shardings` (``jax.device_put``).
 
-    Args:
-      model: the model this optimizer trains.
-      model_specs, mesh, logical_axis_rules: as `shardings` reads them.
-      **placement: as `shardings` reads it.
+  Args:
+    model: the model this optimizer trains.
+    model_specs, mesh, logical_axis_rules: as `shardings` reads them.
+    **placement: as `shardings` reads it.
 
-    Returns:
-      The optimizer, its state on the mesh.
+  Returns:
+    The optimizer, its state on the mesh.
 
-    Raises:
-      optcore.PartitionRuleError: a dimension the mesh does not divide (named by path).
-      TypeError: no mesh.
+  Raises:
+    optcore.PartitionRuleError: a dimension the mesh does not divide (named by path).
+    TypeError: no mesh.
 
-    Example (ZeRO-1: a replicated model, the state split over ``'data'``):
-      >>> import equinox as eqx, jax, numpy as np
-      >>> from jax.sharding import Mesh, PartitionSpec as P
-      >>> import optcore, optcore_equinox
-      >>> model = eqx.nn.Linear(4, 2, key=jax.random.key(0))
-      >>> mesh = Mesh(np.array(jax.devices()[:1]), ('data',))
-      >>> opt = optcore_equinox.Optimizer(optcore.adam(1e-3), model)
-      >>> opt = opt.shard(model, mesh=mesh, state_axis='data')
-      >>> opt.state.param_states[0].mu.weight.sharding.spec == P(None, 'data')
-      True
-    """
-    shardings = self.shardings(
-      model,
-      model_specs,
-      mesh,
-      logical_axis_rules,
-      **placement,
-    )
-    return eqx.filter_shard(self, shardings)
+  Example (ZeRO-1: a replicated model, the state split over ``'data'``, the placement given
+  as one `optcore.Placement`):
+    >>> import equinox as eqx, jax, optcore, optcore_equinox
+    >>> model = eqx.nn.Linear(4, 2, key=jax.random.key(0))
+    >>> zero1 = optcore.Placement(jax.make_mesh((1,), ('data',)), state_axis='data')
+    >>> opt = optcore_equinox.Optimizer(optcore.adam(1e-3), model).shard(model, mesh=zero1)
+    >>> opt.state.param_states[0].mu.weight.sharding.spec == jax.P(None, 'data')
+    True
+  """,
+  )
 
 
 def _select(tree: PyTree, params: PyTree, check: bool = True) -> PyTree:

@@ -403,48 +403,36 @@ class Optimizer(to.Tree):
     module.step = None if self.step is None else shardings.step
     return module
 
-  def shard(
-    self,
-    params: PyTree,
-    param_specs: PyTree | None = None,
-    mesh: Mesh | optcore.Placement | None = None,
-    logical_axis_rules: Sequence[tuple[str, tp.Any]] | None = None,
-    **placement: tp.Unpack[adapter.StatePlacement],
-  ) -> Optimizer:
+  shard = adapter.shard_method(
+    shardings,
+    jax.device_put,
     """A new optimizer with its state placed by `shardings`; this one is untouched.
 
-    Args:
-      params: the parameters given to `init`.
-      param_specs, mesh, logical_axis_rules: as `shardings` reads them.
-      **placement: as `shardings` reads it.
+  Args:
+    params: the parameters given to `init`.
+    param_specs, mesh, logical_axis_rules: as `shardings` reads them.
+    **placement: as `shardings` reads it.
 
-    Returns:
-      The optimizer, its state on the mesh.
+  Returns:
+    The optimizer, its state on the mesh.
 
-    Raises:
-      RuntimeError: the optimizer is not initialised.
-      optcore.PartitionRuleError: a dimension the mesh does not divide (named by path).
-      TypeError: no mesh.
+  Raises:
+    RuntimeError: the optimizer is not initialised.
+    optcore.PartitionRuleError: a dimension the mesh does not divide (named by path).
+    TypeError: no mesh.
 
-    Example (ZeRO-1: replicated parameters, the state split over ``'data'``):
-      >>> import jax, jax.numpy as jnp, numpy as np, optax
-      >>> from jax.sharding import Mesh, PartitionSpec as P
-      >>> import optcore_treex
-      >>> params = {'w': jnp.ones((4, 2))}
-      >>> mesh = Mesh(np.array(jax.devices()[:1]), ('data',))
-      >>> optimizer = optcore_treex.Optimizer(optax.adam(1e-3)).init(params)
-      >>> optimizer = optimizer.shard(params, mesh=mesh, state_axis='data')
-      >>> optimizer.opt_state[0].mu['w'].sharding.spec == P('data', None)
-      True
-    """
-    shardings = self.shardings(
-      params,
-      param_specs,
-      mesh,
-      logical_axis_rules,
-      **placement,
-    )
-    return jax.device_put(self, shardings)
+  Example (ZeRO-1: replicated parameters, the state split over ``'data'``):
+    >>> import jax, jax.numpy as jnp, numpy as np, optax
+    >>> from jax.sharding import Mesh, PartitionSpec as P
+    >>> import optcore_treex
+    >>> params = {'w': jnp.ones((4, 2))}
+    >>> mesh = Mesh(np.array(jax.devices()[:1]), ('data',))
+    >>> optimizer = optcore_treex.Optimizer(optax.adam(1e-3)).init(params)
+    >>> optimizer = optimizer.shard(params, mesh=mesh, state_axis='data')
+    >>> optimizer.opt_state[0].mu['w'].sharding.spec == P('data', None)
+    True
+  """,
+  )
 
   def _check_init_shapes(self, name: str, tree: PyTree) -> None:
     named, _ = optcore.leaves_with_paths(tree)

@@ -40,8 +40,7 @@ from optcore._src.grouped_layout import (
   unpack_tree,
 )
 from optcore._src.multi_optimizer import MultiOptimizer
-from optcore._src.optimizer import BoundOptimizer, OptimizerState, Pins, keep_shardings
-from optcore._src.step import apply_step
+from optcore._src.optimizer import BoundOptimizer, OptimizerState, Pins
 from optcore._src.wrapper import Wrapper
 
 PyTree = Any
@@ -319,17 +318,11 @@ class GroupedOptimizer(BoundOptimizer[T]):
       grads = paths.conform(shapes, grads)
       check_gradients(self.optimizer_def.optimizer_def, shapes, grads)
       grads = layout.pack(grads)
-    new_target, new_state = apply_step(
-      self.optimizer_def,
-      self.packed_target,
-      self.packed_state,
-      grads,
-      extra_args=extra_args,
-      apply_updates=True,
-      **hyper_param_overrides,
+    held = (self.packed_target, self.packed_state)
+    target, state = self._stepped(
+      held, grads, extra_args, hyper_param_overrides, self.packed_target_shardings
     )
-    new_target = keep_shardings(new_target, self.packed_target_shardings)
-    return dataclasses.replace(self, packed_target=new_target, packed_state=new_state)
+    return dataclasses.replace(self, packed_target=target, packed_state=state)
 
   def state_dict(self) -> dict[str, Any]:
     """The state dict of the ungrouped optimizer: it restores either way."""

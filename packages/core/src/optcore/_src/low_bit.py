@@ -90,15 +90,12 @@ class LowBitStateDef(StateWrapper):
     {"bits": 8, "block_size": None, "states": None, "min_size": MIN_SIZE, "rounding": "nearest"}
   )
 
-  def __init__(
-    self,
-    optimizer_def: OptimizerDef,
-    bits: int = 8,
-    block_size: int | None = None,
-    states: str | None = None,
-    min_size: int = MIN_SIZE,
-    rounding: str = "nearest",
-  ):
+  def __init__(self, optimizer_def: OptimizerDef, **settings: Any):
+    """``settings``: `low_bit_state`'s keywords; the others keep ``config_arguments``'
+    defaults."""
+    s = self.settings(settings)
+    bits, block_size, states = s["bits"], s["block_size"], s["states"]
+    min_size, rounding = s["min_size"], s["rounding"]
     check_block_size(bits, block_size)
     check_rounding(rounding)
     if states is not None:
@@ -320,4 +317,11 @@ def low_bit_state(
     >>> round(float(opt.state.param_states.inner[0].mu['w'].dequantize()[0, 0]), 6)
     0.1
   """
-  return LowBitStateDef(optimizer_def, bits, block_size, states, min_size, rounding)
+  return LowBitStateDef(
+    optimizer_def,
+    bits=bits,
+    block_size=block_size,
+    states=states,
+    min_size=min_size,
+    rounding=rounding,
+  )

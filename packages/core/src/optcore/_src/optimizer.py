@@ -78,6 +78,26 @@ class BoundOptimizer(Generic[T]):
     """A copy with ``target=`` and/or ``state=`` replaced (each container's own)."""
     raise NotImplementedError
 
+  def _stepped(
+    self,
+    held: tuple[PyTree, OptimizerState],
+    grads: PyTree,
+    extra_args: Mapping[str, Any] | None,
+    overrides: Mapping[str, Any],
+    pins: Pins,
+  ) -> tuple[PyTree, OptimizerState]:
+    """Both containers' step on what they hold (``(target, state)``, grouped or not): the new
+    target, kept on ``pins``, and the new state."""
+    new_target, new_state = apply_step(
+      self.optimizer_def,
+      *held,
+      grads,
+      extra_args=extra_args,
+      apply_updates=True,  # reserved: an override of that name is an error, not a mode
+      **overrides,
+    )
+    return keep_shardings(new_target, pins), new_state
+
   def compute_gradient(self, loss_fn: Callable[[T], Any]) -> tuple:
     """flax.optim's helper: the loss and its gradient with respect to the target.
 
@@ -254,16 +274,11 @@ class Optimizer(BoundOptimizer[T]):
       >>> opt.target['w'], int(opt.state.step)
       (Array([0.5, 0.5], dtype=float32), 1)
     """
-    new_target, new_state = apply_step(
-      self.optimizer_def,
-      self.target,
-      self.state,
-      grads,
-      extra_args=extra_args,
-      apply_updates=True,  # reserved: an override of that name is an error, not a mode
-      **hyper_param_overrides,
+    held = (self.target, self.state)
+    target, state = self._stepped(
+      held, grads, extra_args, hyper_param_overrides, self.target_shardings
     )
-    return self.replace(target=keep_shardings(new_target, self.target_shardings), state=new_state)
+    return self.replace(target=target, state=state)
 
   def replicate(
     self, devices: Sequence[Any] | None = None, axis_name: str = "batch"

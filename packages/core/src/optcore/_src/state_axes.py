@@ -9,9 +9,10 @@ stays in its ``derive_param_states_axes`` hook; everything else is here.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, TypedDict, Unpack
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Concatenate, ParamSpec, TypedDict, TypeVar, Unpack
 
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -51,6 +52,57 @@ class StatePlacement(TypedDict, total=False):
 
   state_axis: str | None
   state_memory_kind: str | Mapping[str, str] | None
+
+
+F = TypeVar("F")
+P = ParamSpec("P")
+
+
+def shard_method(
+  shardings: Callable[Concatenate[F, P], F],
+  place: Callable[[F, F], F],
+  doc: str,
+) -> Callable[Concatenate[F, P], F]:
+  """A face's ``shard`` method: ``place(self, self.shardings(...))``, whatever ``shardings``
+  takes.
+
+  Written once for every face, so that a face's ``shard`` takes exactly the arguments of its
+  ``shardings`` (type checkers read them through the `typing.ParamSpec`, ``inspect.signature``
+  and the docs through ``__wrapped__``) and the two cannot drift apart.
+
+  Args:
+    shardings: the face's ``shardings`` method: the optimizer's own structure with a
+      `NamedSharding` at each state array.
+    place: how the face moves an optimizer onto such a tree (``jax.device_put``,
+      ``eqx.filter_shard``).
+    doc: the ``shard`` method's docstring.
+
+  Returns:
+    The ``shard`` method, to assign in the face's class body.
+
+  Example:
+    >>> import dataclasses, jax, jax.numpy as jnp
+    >>> from optcore import adapter
+    >>> @dataclasses.dataclass
+    ... class Face:
+    ...   state: jax.Array
+    ...   def shardings(self, device: jax.Device) -> 'Face':
+    ...     return Face(jax.sharding.SingleDeviceSharding(device))
+    ...   shard = adapter.shard_method(shardings, jax.device_put, "Placed by `shardings`.")
+    >>> jax.tree_util.register_dataclass(Face, data_fields=['state'], meta_fields=[])
+    <class '...Face'>
+    >>> Face(jnp.ones(2)).shard(jax.devices()[0]).state.devices() == {jax.devices()[0]}
+    True
+  """
+
+  @functools.wraps(shardings)
+  def shard(self: F, /, *args: P.args, **kwargs: P.kwargs) -> F:
+    return place(self, shardings(self, *args, **kwargs))
+
+  shard.__name__ = "shard"
+  shard.__qualname__ = shardings.__qualname__.rpartition(".")[0] + ".shard"
+  shard.__doc__ = doc
+  return shard
 
 
 @dataclasses.dataclass(frozen=True)

@@ -88,6 +88,22 @@ class Wrapper(OptimizerDef):
     for flag in OptimizerDef.FLAGS:
       setattr(self, flag, self.changes.get(flag, getattr(optimizer_def, flag)))
 
+  @classmethod
+  def settings(cls, given: Mapping[str, Any]) -> dict[str, Any]:
+    """``given`` over ``config_arguments``' defaults: for a constructor that takes its settings
+    as keywords (its public function carries the typed signature), so that each default is
+    written once.
+
+    Raises:
+      TypeError: a name ``config_arguments`` lacks, or a `REQUIRED` one missing.
+    """
+    unknown = sorted(set(given) - set(cls.config_arguments))
+    missing = sorted(k for k, v in cls.config_arguments.items() if v is REQUIRED and k not in given)
+    if unknown or missing:
+      said = f"unknown setting(s) {unknown}" if unknown else f"missing setting(s) {missing}"
+      raise TypeError(f"{cls.name}: {said}; it takes {sorted(cls.config_arguments)}")
+    return {**cls.config_arguments, **given}
+
   def config(self) -> dict[str, Any]:
     """The config arguments that differ from their defaults (every required one), dtypes by
     name: what `optcore.config.to_config` writes beside ``name`` and ``optimizer``."""

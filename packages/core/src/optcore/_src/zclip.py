@@ -91,12 +91,7 @@ class ZClip(StateWrapper):
 
   def __init__(self, optimizer_def: OptimizerDef, **settings: Any):
     """``settings``: `zclip`'s keywords; the others keep ``config_arguments``' defaults."""
-    unknown = sorted(set(settings) - set(self.config_arguments))
-    if unknown:
-      raise TypeError(
-        f"zclip: unknown setting(s) {unknown}; it takes {sorted(self.config_arguments)}"
-      )
-    s = {**self.config_arguments, **settings}
+    s = self.settings(settings)
     self.alpha = _number("alpha", s["alpha"], 0.0)
     if self.alpha >= 1:
       raise ValueError(f"zclip: alpha must be in [0, 1), got alpha={s['alpha']!r}")
