@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from optcore._src import schedule_free
+from optcore._src import schedule_free, sharding
 from optcore._src.state import OptimizerState
 from optcore._src.step import apply_step
 from optcore._src.transplant import TransplantReport, transplant_state
@@ -400,8 +400,8 @@ def keep_shardings(target: T, pins: Pins) -> T:
 
   def keep(x: jax.Array, where: Any, final: Any) -> jax.Array:
     if where != final:
-      x = jax.lax.with_sharding_constraint(x, where)
-    return jax.lax.with_sharding_constraint(x, final)
+      x = sharding.constrain(x, where)
+    return sharding.constrain(x, final)
 
   return treedef.unflatten(list(map(keep, leaves, split, shardings)))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import collections
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -64,6 +64,62 @@ def logical_to_mesh_axes(spec: PartitionSpec | None, rules: LogicalAxisRules | N
       assigned[pos] = mesh_axes
       used |= wanted
   return PartitionSpec(*(None if a is free else a for a in assigned))
+
+
+def constrain(x: jax.Array, where: Any) -> jax.Array:
+  """``x`` placed on ``where`` inside ``jit``: on a mesh with Explicit axes (``jax.make_mesh``'s
+  default), where an array's type carries its sharding and ``with_sharding_constraint``
+  refuses those axes, `jax.sharding.reshard`; on Auto axes, which ``reshard`` refuses,
+  ``with_sharding_constraint``."""
+  if _explicit(where):
+    return jax.sharding.reshard(x, where)
+  return jax.lax.with_sharding_constraint(x, where)
+
+
+def with_auto_axes(fn: Callable[..., Any], reference: PyTree, *args: Any) -> Any:
+  """``fn(*args)`` with every Explicit mesh axis of the arrays Auto inside, its result typed as
+  ``reference`` (a tree of its structure) is, where any array of ``args`` is split over an
+  Explicit axis; else ``fn(*args)`` itself (the same program).
+
+  On a mesh with Explicit axes (``jax.make_mesh``'s default) an array's type carries its
+  sharding, and an operation whose result's sharding JAX cannot infer (a reshape of a split
+  dimension, a norm or a matrix product across one) is an error. An optimizer's maths, optax's
+  included, is written for the compiler to place, as under Auto axes; so a step runs it that
+  way and types what it returns as what it was given: a parameter as the parameter, a state
+  leaf as the state leaf."""
+  leaves, treedef = jax.tree.flatten(args)
+  arrays = [x for x in leaves if isinstance(x, jax.Array)]  # not optax's value_fn, a function
+  explicit = [s for s in map(_type_sharding, arrays) if _explicit(s)]
+  if not explicit:
+    return fn(*args)
+  mesh = explicit[0].mesh
+
+  def on_arrays(given: list[jax.Array]) -> Any:
+    it = iter(given)
+    return fn(*treedef.unflatten([next(it) if isinstance(x, jax.Array) else x for x in leaves]))
+
+  def typed(x: Any) -> NamedSharding:
+    where = _type_sharding(x)
+    if isinstance(where, NamedSharding) and where.mesh == mesh:
+      return where
+    return NamedSharding(mesh, PartitionSpec())  # a counter made on one device: replicated
+
+  return jax.sharding.auto_axes(on_arrays, out_sharding=jax.tree.map(typed, reference))(arrays)
+
+
+def _type_sharding(x: Any) -> Any:
+  """The sharding ``x``'s type carries (under ``jit``) or ``x`` has (outside)."""
+  return getattr(jax.typeof(x), "sharding", None)
+
+
+def _explicit(where: Any) -> bool:
+  """Whether ``where`` is on a mesh with an Explicit axis and names no Auto one."""
+  if not isinstance(where, NamedSharding):
+    return False
+  types = dict(zip(where.mesh.axis_names, where.mesh.axis_types, strict=True))
+  named = [a for entry in where.spec if entry is not None for a in _mesh_axis_set(entry)]
+  explicit = jax.sharding.AxisType.Explicit
+  return explicit in types.values() and all(types[a] == explicit for a in named)
 
 
 def _mesh_axis_set(mesh_axes: MeshAxes) -> set[str]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from optcore._src import paths, placement
+from optcore._src import paths, placement, sharding
 from optcore._src.checks import check_gradients
 
 PyTree = Any
@@ -69,5 +69,12 @@ def apply_step(
   hyper_params = optimizer_def.update_hyper_params(**hyper_param_overrides)
   update = optimizer_def.apply_gradient if apply_updates else optimizer_def.compute_updates
   state, on_host = placement.to_device(state)  # state_memory_kind="pinned_host"
-  new_params, new_state = update(hyper_params, params, state, grads, **(extra_args or {}))
+  new_params, new_state = sharding.with_auto_axes(  # on an Explicit mesh: see its docstring
+    lambda params, state, grads, extra: update(hyper_params, params, state, grads, **extra),
+    (grads if params is None else params, state),
+    params,
+    state,
+    grads,
+    extra_args or {},
+  )
   return new_params, placement.to_host(new_state, on_host)
