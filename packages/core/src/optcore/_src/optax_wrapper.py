@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import optax
 import optax.contrib
 
-from optcore._src import overrides, partition_rules, paths, serialization
+from optcore._src import overrides, partition_rules, paths, serialization, sharding
 from optcore._src.base import OptimizerDef
 from optcore._src.checks import check_float_params, check_gradients
 from optcore._src.export import boxed_like_parameters, optax_update_arguments
@@ -198,8 +198,13 @@ class OptaxWrapper(OptimizerDef):
         updates = paths.conform(params, updates)
         check_gradients(self, params, updates, what="updates")
       if not overrides:
-        updates, new_state = optax.with_extra_args_support(tx).update(
-          updates, state, params, **extra
+        updates, new_state = sharding.with_auto_axes(  # on Explicit mesh axes: see there
+          lambda u, s, p, e: optax.with_extra_args_support(tx).update(u, s, p, **e),
+          (updates, state),
+          updates,
+          state,
+          params,
+          extra,
         )
         return updates, paths.rebox_like(new_state, boxed)
       hyper_params = self.update_hyper_params(**overrides)
