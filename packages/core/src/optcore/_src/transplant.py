@@ -146,21 +146,25 @@ def transplant_state(
   Raises:
     optcore.StateDictError: ``state_dict`` has no ``'state'`` dict.
 
-  Example:
+  Example (a new head, which the old state has nothing for):
     >>> import jax.numpy as jnp
     >>> import optcore
     >>> from optcore import adapter
-    >>> params = {'w': jnp.ones(2)}
-    >>> old = optcore.adam(0.1).create(params).apply_gradient({'w': jnp.ones(2)})
-    >>> opt_def = optcore.adamw(0.1)
+    >>> old = optcore.adam(0.1).create({'w': jnp.ones(2)}).apply_gradient({'w': jnp.ones(2)})
+    >>> opt_def, params = optcore.adam(0.1), {'w': jnp.ones(2), 'head': jnp.zeros(3)}
     >>> state, report = adapter.transplant_state(
     ...     opt_def, params, opt_def.init_state(params), old.state_dict())
     >>> print(report)
-    transplant: 4 kept, 0 initialised, 0 dropped
+    transplant: 3 kept, 3 initialised, 1 dropped
       kept         step
-      kept         param_states/0/count
       kept         param_states/0/mu/w
       kept         param_states/0/nu/w
+      initialised  param_states/0/count    2 of the 4 leaves it counts for start anew
+      initialised  param_states/0/mu/head  a parameter the state dict has no state for
+      initialised  param_states/0/nu/head  a parameter the state dict has no state for
+      dropped      param_states/0/count
+    >>> state.param_states[0].mu['w']
+    Array([0.1, 0.1], dtype=float32)
   """
   if not isinstance(state_dict, Mapping) or not isinstance(state_dict.get("state"), Mapping):
     raise StateDictError(
