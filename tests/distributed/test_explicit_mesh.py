@@ -225,3 +225,34 @@ def test_as_optax_on_explicit_axes_gives_the_auto_axes_numbers(make, cpu_devices
   # bitwise under SSE4_2 and AVX.
   for a, b in zip(jax.tree.leaves(runs[1]), jax.tree.leaves(runs[0]), strict=True):
     np.testing.assert_allclose(comparable(a), comparable(b), rtol=1e-6, atol=1e-6)
+
+
+def test_a_loss_function_closing_over_a_split_batch_runs_on_its_mesh(cpu_devices):
+  """optax's L-BFGS line search calls ``value_fn`` inside the step: on Explicit axes it runs
+  with them again, so the batch it closes over (split over 'data') meets typed parameters."""
+  import optax
+
+  def run(kind):
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(kind, kind), devices=cpu_devices)
+    params = {"w": jax.device_put(jnp.full((16, 8), 0.1), NamedSharding(mesh, P(None, "model")))}
+    x = jax.device_put(jnp.arange(64.0).reshape(4, 16) / 64, NamedSharding(mesh, P("data")))
+    tx = optcore.lbfgs().as_optax()
+
+    @jax.jit
+    def step(params, state, x):
+      loss = lambda p: jnp.sum(jnp.tanh(x @ p["w"]) ** 2)
+      value, grads = jax.value_and_grad(loss)(params)
+      updates, state = tx.update(grads, state, params, value=value, grad=grads, value_fn=loss)
+      return optax.apply_updates(params, updates), state
+
+    params, state = params, tx.init(params)
+    for _ in range(3):
+      params, state = step(params, state, x)
+    assert params["w"].sharding.spec == P(None, "model")
+    return params, state
+
+  auto, explicit = run(jax.sharding.AxisType.Auto), run(EXPLICIT)
+  # Measured (2-core x86 CPU) as a fraction of atol = rtol = 1e-6: jax 0.12.0.1 0.0009 at the
+  # default ISA, 0.039 under SSE4_2, 0.0056 under AVX; jax 0.10.2 bitwise.
+  for a, b in zip(jax.tree.leaves(explicit), jax.tree.leaves(auto), strict=True):
+    np.testing.assert_allclose(comparable(a), comparable(b), rtol=1e-6, atol=1e-6)

@@ -86,7 +86,8 @@ def with_auto_axes(fn: Callable[..., Any], reference: PyTree, *args: Any) -> Any
   dimension, a norm or a matrix product across one) is an error. An optimizer's maths, optax's
   included, is written for the compiler to place, as under Auto axes; so a step runs it that
   way and types what it returns as what it was given: a parameter as the parameter, a state
-  leaf as the state leaf."""
+  leaf as the state leaf. A function among ``args`` (optax's ``value_fn``) is the user's code:
+  it runs with the axes Explicit again."""
   leaves, treedef = jax.tree.flatten(args)
   arrays = [x for x in leaves if isinstance(x, jax.Array)]  # not optax's value_fn, a function
   explicit = [s for s in map(_type_sharding, arrays) if _explicit(s)]
@@ -94,17 +95,36 @@ def with_auto_axes(fn: Callable[..., Any], reference: PyTree, *args: Any) -> Any
     return fn(*args)
   mesh = explicit[0].mesh
 
-  def on_arrays(given: list[jax.Array]) -> Any:
-    it = iter(given)
-    return fn(*treedef.unflatten([next(it) if isinstance(x, jax.Array) else x for x in leaves]))
-
   def typed(x: Any) -> NamedSharding:
     where = _type_sharding(x)
     if isinstance(where, NamedSharding) and where.mesh == mesh:
       return where
     return NamedSharding(mesh, PartitionSpec())  # a counter made on one device: replicated
 
-  return jax.sharding.auto_axes(on_arrays, out_sharding=jax.tree.map(typed, reference))(arrays)
+  out = jax.tree.map(typed, reference)
+  first = jax.tree.map(typed, reference[0]) if isinstance(reference, tuple) else None
+
+  def explicit_again(f: Callable[..., Any]) -> Callable[..., Any]:
+    """A function of the user's (optax's ``value_fn``, called on candidate parameters) runs
+    with the axes Explicit again: what it closes over (a batch split over 'data') is typed on
+    that mesh. Its argument is typed as the parameters where it has their structure."""
+
+    def call(*a: Any) -> Any:
+      fits = first is not None and jax.tree.structure(a) == jax.tree.structure((first,))
+      where = (first,) if fits else jax.tree.map(lambda _: NamedSharding(mesh, PartitionSpec()), a)
+      return jax.sharding.explicit_axes(f, in_sharding=where)(*a)
+
+    return call
+
+  def on_arrays(given: list[jax.Array]) -> Any:
+    it = iter(given)
+    back = [
+      next(it) if isinstance(x, jax.Array) else explicit_again(x) if callable(x) else x
+      for x in leaves
+    ]
+    return fn(*treedef.unflatten(back))
+
+  return jax.sharding.auto_axes(on_arrays, out_sharding=out)(arrays)
 
 
 def _type_sharding(x: Any) -> Any:
