@@ -11,7 +11,9 @@ JAX or Python error, a wrong number). Not a test: a sweep to run before and afte
 the wrapper layer (``single``: 120 cases, about 10 minutes on 2 cores; ``pairs``: 360, 50):
 
     XLA_FLAGS=--xla_force_host_platform_device_count=8 \
-      python tests/support/combination_probe.py single|pairs|all [LO:HI] | grep ^BARE
+      python tests/support/combination_probe.py single|pairs|all [LO:HI] [--explicit] | grep ^BARE
+
+``--explicit``: the mesh's axes Explicit (``jax.make_mesh``'s default) instead of Auto.
 """
 
 import itertools
@@ -207,9 +209,12 @@ def run(name, make, mesh):
 
 
 def main():
-  which = sys.argv[1] if len(sys.argv) > 1 else "single"
+  explicit = "--explicit" in sys.argv  # the mesh's axes Explicit, as jax.make_mesh makes them
+  argv = [a for a in sys.argv if a != "--explicit"]
+  which = argv[1] if len(argv) > 1 else "single"
+  kind = jax.sharding.AxisType.Explicit if explicit else jax.sharding.AxisType.Auto
   mesh = (
-    Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
+    Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"), axis_types=(kind, kind))
     if len(jax.devices()) == 8
     else None
   )
@@ -223,7 +228,7 @@ def main():
         cases.append(
           (f"{w1}({w2}({b}))", lambda b=b, w1=w1, w2=w2: WRAPS[w1](WRAPS[w2](BASES[b]())))
         )
-  lo, hi = (int(x) for x in sys.argv[2].split(":")) if len(sys.argv) > 2 else (0, len(cases))
+  lo, hi = (int(x) for x in argv[2].split(":")) if len(argv) > 2 else (0, len(cases))
   for name, make in cases[lo:hi]:
     for kind, n, label, msg in run(name, make, mesh):
       print(f"{kind}\t{n}\t{label}\t{msg}", flush=True)
