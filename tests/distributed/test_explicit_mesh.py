@@ -186,13 +186,12 @@ def test_state_in_host_memory_on_explicit_axes(cpu_devices):
 @pytest.mark.parametrize(
   "make",
   [
-    lambda: optcore.lbfgs(),  # optax's own transformation: its tree flattening
     lambda: optcore.legacy.LAMB(1e-2),  # optcore's step: a norm across the split dimension
     # (not adafactor: optax's own init of a factored state fails eagerly on Explicit axes
     # under jax 0.10.2, "Length of device assignment 1 is not equal to the size of the mesh")
     lambda: optcore.skip_bad_steps(optcore.lamb(1e-2)),
   ],
-  ids=["lbfgs", "legacy.LAMB", "skip_bad_steps(lamb)"],
+  ids=["legacy.LAMB", "skip_bad_steps(lamb)"],
 )
 def test_as_optax_on_explicit_axes_gives_the_auto_axes_numbers(make, cpu_devices):
   """``as_optax()`` in a plain optax loop over split parameters, as a TrainState runs it."""
@@ -228,8 +227,9 @@ def test_as_optax_on_explicit_axes_gives_the_auto_axes_numbers(make, cpu_devices
 
 
 def test_a_loss_function_closing_over_a_split_batch_runs_on_its_mesh(cpu_devices):
-  """optax's L-BFGS line search calls ``value_fn`` inside the step: on Explicit axes it runs
-  with them again, so the batch it closes over (split over 'data') meets typed parameters."""
+  """``as_optax()`` of optax's own L-BFGS: its tree flattening runs with the axes Auto, and the
+  line search's ``value_fn`` with them Explicit again, so the batch it closes over (split over
+  'data') meets typed parameters."""
   import optax
 
   def run(kind):

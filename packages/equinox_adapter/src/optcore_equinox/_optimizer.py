@@ -326,8 +326,7 @@ class Optimizer(eqx.Module):
     optcore.PartitionRuleError: a dimension the mesh does not divide (named by path).
     TypeError: no mesh.
 
-  Example (ZeRO-1: a replicated model, the state split over ``'data'``, the placement given
-  as one `optcore.Placement`):
+  Example (ZeRO-1 given as one `optcore.Placement`: the state split over ``'data'``):
     >>> import equinox as eqx, jax, optcore, optcore_equinox
     >>> model = eqx.nn.Linear(4, 2, key=jax.random.key(0))
     >>> zero1 = optcore.Placement(jax.make_mesh((1,), ('data',)), state_axis='data')
