@@ -76,10 +76,10 @@ def constrain(x: jax.Array, where: Any) -> jax.Array:
   return jax.lax.with_sharding_constraint(x, where)
 
 
-def with_auto_axes(fn: Callable[..., Any], reference: PyTree, *args: Any) -> Any:
+def with_auto_axes(fn: Callable[..., Any], reference: tuple[PyTree, ...], *args: Any) -> Any:
   """``fn(*args)`` with every Explicit mesh axis of the arrays Auto inside, its result typed as
-  ``reference`` (a tree of its structure) is, where any array of ``args`` is split over an
-  Explicit axis; else ``fn(*args)`` itself (the same program).
+  ``reference`` (a tuple of its structure, the new parameters' first) is, where any array of
+  ``args`` is split over an Explicit axis; else ``fn(*args)`` itself (the same program).
 
   On a mesh with Explicit axes (``jax.make_mesh``'s default) an array's type carries its
   sharding, and an operation whose result's sharding JAX cannot infer (a reshape of a split
@@ -90,19 +90,19 @@ def with_auto_axes(fn: Callable[..., Any], reference: PyTree, *args: Any) -> Any
   it runs with the axes Explicit again."""
   leaves, treedef = jax.tree.flatten(args)
   arrays = [x for x in leaves if isinstance(x, jax.Array)]  # not optax's value_fn, a function
-  explicit = [s for s in map(_type_sharding, arrays) if _explicit(s)]
-  if not explicit:
+  explicit = next((s for s in map(_type_sharding, arrays) if _explicit(s)), None)
+  if explicit is None:
     return fn(*args)
-  mesh = explicit[0].mesh
+  mesh = explicit.mesh
+  replicated = NamedSharding(mesh, PartitionSpec())
 
   def typed(x: Any) -> NamedSharding:
     where = _type_sharding(x)
     if isinstance(where, NamedSharding) and where.mesh == mesh:
       return where
-    return NamedSharding(mesh, PartitionSpec())  # a counter made on one device: replicated
+    return replicated  # a counter made on one device
 
   out = jax.tree.map(typed, reference)
-  first = jax.tree.map(typed, reference[0]) if isinstance(reference, tuple) else None
 
   def explicit_again(f: Callable[..., Any]) -> Callable[..., Any]:
     """A function of the user's (optax's ``value_fn``, called on candidate parameters) runs
@@ -110,8 +110,8 @@ def with_auto_axes(fn: Callable[..., Any], reference: PyTree, *args: Any) -> Any
     that mesh. Its argument is typed as the parameters where it has their structure."""
 
     def call(*a: Any) -> Any:
-      fits = first is not None and jax.tree.structure(a) == jax.tree.structure((first,))
-      where = (first,) if fits else jax.tree.map(lambda _: NamedSharding(mesh, PartitionSpec()), a)
+      fits = jax.tree.structure(a) == jax.tree.structure(out[:1])
+      where = out[:1] if fits else jax.tree.map(lambda _: replicated, a)
       return jax.sharding.explicit_axes(f, in_sharding=where)(*a)
 
     return call

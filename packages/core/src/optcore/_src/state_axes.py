@@ -73,8 +73,8 @@ def shard_method(
   Args:
     shardings: the face's ``shardings`` method: the optimizer's own structure with a
       `NamedSharding` at each state array.
-    place: how the face moves an optimizer onto such a tree (``jax.device_put``,
-      ``eqx.filter_shard``).
+    place: how the face moves an optimizer onto such a tree (``jax.device_put``; not
+      ``eqx.filter_shard``, a sharding constraint that Explicit mesh axes refuse).
     doc: the ``shard`` method's docstring.
 
   Returns:
