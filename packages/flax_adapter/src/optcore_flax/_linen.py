@@ -105,7 +105,6 @@ def optimizer_shardings(
     mesh: the device mesh.
     logical_axis_rules: ``(logical_name, mesh_axes)`` pairs.
     **placement: ``state_axis=`` (ZeRO-1), ``state_memory_kind=`` (host memory): see
-
       `optcore.Placement`, which ``mesh`` may be instead.
 
   Returns:
@@ -155,7 +154,6 @@ def create_sharded(
     mesh: the device mesh.
     logical_axis_rules: ``(logical_name, mesh_axes)`` pairs.
     **placement: ``state_axis=`` (ZeRO-1), ``state_memory_kind=`` (host memory): see
-
       `optcore.Placement`, which ``mesh`` may be instead.
 
   Returns:

@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, ClassVar, TypeVar, Unpack
+from typing import Any, ClassVar, TypeVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, PartitionSpec
+from jax.sharding import PartitionSpec
 
 from optcore._src import partition_rules, paths, sharding, state_axes
 from optcore._src.base import OptimizerDef
@@ -225,15 +225,11 @@ class Grouped(Wrapper):
     )
     return packed, target_axes
 
-  def derive_shardings(
-    self,
-    optimizer: Any,
-    param_logical_axes: PyTree | None = None,
-    mesh: Mesh | state_axes.Placement | None = None,
-    logical_axis_rules: Sequence[tuple[str, Any]] | None = None,
-    **placement: Unpack[state_axes.StatePlacement],
+  def _placed_shardings(
+    self, optimizer: Any, param_logical_axes: PyTree | None, where: state_axes.Placement
   ) -> GroupedOptimizer:
-    where = state_axes.Placement.of(mesh, logical_axis_rules, **placement)
+    """`derive_shardings` (OptimizerDef's, its one signature) for the grouped layout: the
+    buffers replicated or split as ``where`` says, the ungrouped leaves by their axes."""
     packed, target_axes = self._target_axes(optimizer, param_logical_axes)
     inner = self.inner_for(packed.layout)
     state = state_axes.unchecked_state_shardings(
@@ -243,7 +239,7 @@ class Grouped(Wrapper):
     sharding.check_divisible(optimizer, shardings)
     return shardings
 
-  # create_sharded is OptimizerDef's: it calls this definition's create and derive_shardings.
+  # derive_shardings and create_sharded are OptimizerDef's: they call create and the above.
 
   def __repr__(self) -> str:
     return (

@@ -574,9 +574,15 @@ class ShardingMethods:
       >>> shardings.state.param_states[0].mu['w'].spec == P(None, 'model')
       True
     """
-    return optimizer_shardings(
-      self, optimizer, param_logical_axes, Placement.of(mesh, logical_axis_rules, **placement)
-    )
+    where = Placement.of(mesh, logical_axis_rules, **placement)
+    return self._placed_shardings(optimizer, param_logical_axes, where)
+
+  def _placed_shardings(
+    self, optimizer: Any, param_logical_axes: PyTree | None, where: Placement
+  ) -> Any:
+    """`derive_shardings` once its arguments are one `Placement`: the part a layout of the
+    state (`grouped`) overrides, so that the public signature is written once."""
+    return optimizer_shardings(self, optimizer, param_logical_axes, where)
 
   def create_sharded(
     self,
