@@ -4,9 +4,12 @@ nothing gives the same definition back (one program for ``jax.jit``)."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
+from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 import optcore
@@ -51,8 +54,6 @@ def test_t5x_factor_rules_reach_an_adafactor_inside_a_wrapper_inside_a_group(wra
 
 
 def jax_leaves_named(tree, name):
-  import jax
-
   keyed, _ = jax.tree_util.tree_flatten_with_path(tree)
   return [leaf for keys, leaf in keyed if any(getattr(k, "name", None) == name for k in keys)]
 
@@ -88,3 +89,43 @@ def test_a_tree_where_nothing_reads_axes_never_runs_its_selectors_on_them():
     (lambda path, x: x.ndim > 1, optcore.adam(0.1)), (lambda path, x: x.ndim <= 1, optcore.sgd(0.1))
   )
   assert multi.with_param_logical_axes(AXES) is multi
+
+
+COMBINATORS = {
+  "chain": lambda d: optcore.chain([optax.clip_by_global_norm(1.0), d]),
+  "schedule_free": lambda d: optcore.contrib.schedule_free(d, learning_rate=0.02),
+}
+
+
+@pytest.mark.parametrize("combine", COMBINATORS.values(), ids=COMBINATORS.keys())
+def test_logical_axes_reach_muon_inside_an_optax_combinator(combine):
+  """A definition among an optax combinator's arguments is a child like a wrapper's. Before,
+  ``chain([..., contrib.muon(...)])`` was never told create_sharded's axes: its (layers, embed,
+  mlp) kernel silently took optax's default, other numbers than Muon alone."""
+  muon = optcore.contrib.muon(0.02)
+  told = combine(muon).with_param_logical_axes(AXES)
+  (bound,) = [d for d in adapter.iter_definitions(told) if d.display_name() == "contrib.muon"]
+  assert bound.hyper_params.param_logical_axes == AXES
+  assert muon.hyper_params.param_logical_axes is None  # the definition given is unchanged
+  explicit = combine(optcore.contrib.muon(0.02, param_logical_axes=AXES))
+  grads = {"w": jnp.arange(24.0).reshape(2, 4, 3) / 24, "b": jnp.ones(3)}
+  mesh = Mesh(np.array(jax.devices()[:1]), ("model",))
+  sharded = combine(muon).create_sharded(PARAMS, AXES, mesh, [("mlp", "model")])
+  want = explicit.create(PARAMS).apply_gradient(grads).target
+  for got in (told.create(PARAMS), sharded):
+    # the same program as the explicit axes' (one device): equal to the bit
+    np.testing.assert_array_equal(got.apply_gradient(grads).target["w"], want["w"])
+  untold = combine(muon).create(PARAMS).apply_gradient(grads).target
+  assert not np.allclose(untold["w"], want["w"])  # the axes change this kernel's numbers
+
+
+def test_an_optax_combinator_rebuilt_with_its_children():
+  clip, sgd = optax.clip_by_global_norm(1.0), optcore.sgd(0.1)
+  chain = optcore.chain([clip, sgd])
+  assert chain.children() == (sgd,)
+  assert adapter.map_definitions(lambda d, _: d, chain) is chain
+  faster = chain.with_children((optcore.sgd(0.5),))
+  assert faster.hyper_params.transformations[0] is clip
+  assert faster.children() == (optcore.sgd(0.5),) and chain.children() == (sgd,)
+  with pytest.raises(TypeError, match="holds 1 definitions; got 2"):
+    chain.with_children((sgd, sgd))

@@ -1,5 +1,6 @@
 """The one walk over a tree of definitions: a wrapper's wrapped definition, a `MultiOptimizer`'s
-groups, flax.optim's `WeightNorm`'s wrapped optimizer are a definition's children.
+groups, flax.optim's `WeightNorm`'s wrapped optimizer, the definitions among an optax
+combinator's arguments (``chain``'s members) are a definition's children.
 
 Each definition declares its children (`OptimizerDef.children`), how to make a copy of itself
 with others (`OptimizerDef.with_children`), and which part of the parameters each child sees

@@ -13,7 +13,7 @@ from __future__ import annotations
 import collections
 import functools
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ParamSpec
 
 import jax
@@ -112,7 +112,24 @@ class OptaxWrapper(OptimizerDef):
     # muon, soap, shampoo: their matrix dimensions from the axes, unless given their own
     return self.hyper_params.get("param_logical_axes", False) is None
 
+  def children(self) -> tuple[OptimizerDef, ...]:
+    """The definitions among its arguments, in order: ``chain``'s members, the wrapped
+    optimizer of ``contrib.schedule_free``, ``sam``, ``mechanize``, ...; none for a ready
+    transformation. Every walk sees them: ``chain([contrib.muon(...)])`` is told the
+    parameters' logical axes as ``contrib.muon`` alone is."""
+    return tuple(_definitions_in(self.hyper_params.values()))
+
+  def with_children(self, children: tuple[OptimizerDef, ...]) -> OptaxWrapper:
+    if len(children) != len(self.children()):
+      raise TypeError(f"{self.display_name()} holds {len(self.children())} definitions; got "
+                      f"{len(children)}")  # fmt: skip
+    replaced = iter(children)
+    values = {k: _replace_definitions(v, replaced) for k, v in self.hyper_params.items()}
+    return self.with_hyper_params(HyperParams(**values))
+
   def with_param_logical_axes(self, param_logical_axes: PyTree) -> OptaxWrapper:
+    if self.children():  # chain([...]), schedule_free(...): its members read them
+      return super().with_param_logical_axes(param_logical_axes)
     if not self.reads_param_logical_axes():
       return self  # no such argument, or its own axes win
     return self.with_hyper_params(self.hyper_params.replace(param_logical_axes=param_logical_axes))
@@ -456,6 +473,26 @@ def _as_optax(value: Any) -> Any:
   if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
     converted = [_as_optax(v) for v in value]
     return type(value)(converted)
+  return value
+
+
+def _definitions_in(values: Any) -> Iterator[OptaxWrapper]:
+  """The definitions among a factory's arguments, as `_as_optax` finds them: an argument,
+  or a member of a list or tuple argument (``chain``'s)."""
+  for value in values:
+    if isinstance(value, OptaxWrapper):
+      yield value
+    elif isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+      yield from _definitions_in(value)
+
+
+def _replace_definitions(value: Any, replaced: Iterator[OptimizerDef]) -> Any:
+  """``value`` with each definition `_definitions_in` finds replaced by the next of
+  ``replaced``, in the same order."""
+  if isinstance(value, OptaxWrapper):
+    return next(replaced)
+  if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+    return type(value)([_replace_definitions(v, replaced) for v in value])
   return value
 
 
