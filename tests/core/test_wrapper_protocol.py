@@ -220,3 +220,49 @@ def test_a_groups_accumulation_is_checked_on_restore_naming_the_groups_path():
   shorter = optcore.ema(optcore.accumulate(optcore.adam(1e-2), every=2), 0.9).create(params)
   with pytest.raises(optcore.StateDictError, match=r"'state/param_states/inner/mini_step'"):
     shorter.restore_state(nested.state_dict())
+
+
+def test_each_wrappers_own_fields_take_the_axes_its_table_declares():
+  """No wrapper writes its state's axes rule by hand: `StateWrapper.field_axes` declares each
+  own field in optax_rules' words. Checked against the shapes, not the table: a field leaf of
+  a parameter's shape gets that parameter's axes, every other leaf (a counter, a window of
+  norms, a key, the statistics' rows) none."""
+  from composition import WRAPPERS as TABLE
+  from jax.sharding import PartitionSpec as P
+
+  params = {"w": jnp.ones((8, 4), jnp.bfloat16), "b": jnp.ones(4, jnp.bfloat16)}
+  axes = {"w": P("embed", "mlp"), "b": P("mlp")}
+  is_spec = lambda x: isinstance(x, P)
+  for name, make in TABLE.items():
+    opt_def = make(optcore.adam(1e-2))
+    opt = opt_def.create(params)
+    state = opt.state.param_states
+    derived = opt_def.derive_logical_axes(opt, axes).state.param_states
+    for field in state._fields[1:]:
+      leaves = jax.tree_util.tree_leaves_with_path(getattr(state, field))
+      specs = jax.tree.leaves(getattr(derived, field), is_leaf=is_spec)
+      assert len(leaves) == len(specs), (name, field)
+      for (keys, leaf), spec in zip(leaves, specs, strict=True):
+        key = getattr(keys[-1], "key", None) if keys else None
+        if key in params and np.shape(leaf) == params[key].shape:
+          assert spec == axes[key], (name, field, keys)
+        else:
+          assert spec == P(*(None,) * np.ndim(leaf)), (name, field, keys)
+
+
+def test_a_state_wrapper_must_declare_each_field_of_its_state():
+  from types import MappingProxyType
+  from typing import NamedTuple
+
+  from optcore._src import wrapper
+
+  class HalfState(NamedTuple):
+    inner: object
+    total: object
+    count: object
+
+  with pytest.raises(TypeError, match=r"declare each, in that order"):
+
+    class Half(wrapper.StateWrapper):  # no name: not registered
+      state_type = HalfState
+      field_axes = MappingProxyType({"total": "params"})

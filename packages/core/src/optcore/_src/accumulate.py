@@ -10,7 +10,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.sharding import PartitionSpec
 
 from optcore._src.base import OptimizerDef
 from optcore._src.checks import check_float_params
@@ -43,6 +42,7 @@ class Accumulate(StateWrapper):
 
   name = "accumulate"
   state_type = AccumulateState
+  field_axes: ClassVar = MappingProxyType({"accumulated": "params", "mini_step": "replicated"})
   config_arguments: ClassVar = MappingProxyType({"every": REQUIRED, "dtype": jnp.float32})
 
   def __init__(self, optimizer_def: OptimizerDef, every: int, dtype: Any = jnp.float32):
@@ -164,10 +164,6 @@ class Accumulate(StateWrapper):
     accumulated = jax.tree.map(lambda a: jnp.where(emit, jnp.zeros_like(a), a), accumulated)
     new_acc = AccumulateState(inner.param_states, accumulated, (acc.mini_step + 1) % self.every)
     return OptimizerState(inner.step, new_acc)
-
-  def derive_param_states_axes(self, param_states: Any, params: PyTree, params_axes: PyTree):
-    inner = self.optimizer_def.derive_param_states_axes(param_states.inner, params, params_axes)
-    return AccumulateState(inner, params_axes, PartitionSpec())
 
   def __repr__(self) -> str:
     dtype = "" if self.dtype == jnp.float32 else f", dtype={jnp.dtype(self.dtype).name}"

@@ -133,10 +133,6 @@ class Cautious(StateWrapper):
     updates, new_state = self.compute_updates(hyper_params, params, state, grads, **extra_args)
     return optax.apply_updates(params, updates), new_state
 
-  def derive_param_states_axes(self, param_states: Any, params: PyTree, params_axes: PyTree):
-    inner = self.optimizer_def.derive_param_states_axes(param_states.inner, params, params_axes)
-    return CautiousState(inner)
-
   def __repr__(self) -> str:
     normalization = "" if self.normalization == "mean" else f", {self.normalization!r}"
     return f"cautious({self.optimizer_def!r}{normalization})"

@@ -8,7 +8,6 @@ from typing import Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import PartitionSpec
 
 from optcore._src import placement
 from optcore._src.base import OptimizerDef
@@ -38,6 +37,7 @@ class Ema(StateWrapper):
 
   name = "ema"
   state_type = EmaState
+  field_axes: ClassVar = MappingProxyType({"ema": "params", "count": "replicated"})
   config_arguments: ClassVar = MappingProxyType({"decay": 0.999, "debias": False, "dtype": None})
 
   def __init__(
@@ -98,10 +98,6 @@ class Ema(StateWrapper):
       return average
     correction = 1 - jnp.asarray(self.decay, jnp.float32) ** count
     return jax.tree.map(lambda e: jnp.where(count > 0, e / correction.astype(e.dtype), e), average)
-
-  def derive_param_states_axes(self, param_states: Any, params: PyTree, params_axes: PyTree):
-    inner = self.optimizer_def.derive_param_states_axes(param_states.inner, params, params_axes)
-    return EmaState(inner, params_axes, PartitionSpec())
 
   def __repr__(self) -> str:
     extra = ", debias=True" if self.debias else ""

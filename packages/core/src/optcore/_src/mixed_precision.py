@@ -43,6 +43,7 @@ class MixedPrecision(StateWrapper):
 
   name = "mixed_precision"
   state_type = MixedPrecisionState
+  field_axes: ClassVar = MappingProxyType({"master": "params"})
   config_arguments: ClassVar = MappingProxyType({"state_dtype": None, "master_dtype": None})
 
   def __init__(
@@ -145,21 +146,6 @@ class MixedPrecision(StateWrapper):
       self._store(new_inner.param_states), treedef.unflatten(new_master)
     )
     return treedef.unflatten(new_params), OptimizerState(new_inner.step, new_state)
-
-  def derive_param_states_axes(self, param_states: Any, params: PyTree, params_axes: PyTree):
-    inner = self.optimizer_def.derive_param_states_axes(param_states.inner, params, params_axes)
-    treedef = jax.tree.structure(params)
-    master = treedef.unflatten(
-      [
-        None if m is None else spec
-        for m, spec in zip(
-          treedef.flatten_up_to(param_states.master),
-          treedef.flatten_up_to(params_axes),
-          strict=True,
-        )
-      ]
-    )
-    return MixedPrecisionState(inner, master)
 
   def __repr__(self) -> str:
     parts = [repr(self.optimizer_def)]

@@ -27,7 +27,11 @@ P, R, N = "params", "replicated", "nested"
 FieldRule = Callable[[Any, Any, Any, Any], Any]  # (field, state, params_axes, params) -> axes
 
 
-def _kind(kind: str | FieldRule) -> FieldRule:
+def field_rule(kind: str | FieldRule) -> FieldRule:
+  """The rule one field's declared kind stands for: ``P`` (``"params"``) the parameters' axes,
+  ``R`` (``"replicated"``) none, ``N`` (``"nested"``) a nested optax state's own rule, or a
+  function ``(field, state, params_axes, params) -> axes`` as it is. The one vocabulary of
+  optax's state types (`fields`) and of every wrapper's state (`StateWrapper.field_axes`)."""
   if kind == P:
     return lambda field, state, axes, params: pr.like_params(field, axes)
   if kind == R:
@@ -41,7 +45,7 @@ def fields(state_type: type | None, **kinds: str | FieldRule) -> None:
   """Registers a rule for ``state_type`` from one kind per field (None: absent here)."""
   if state_type is None:
     return
-  rules = {name: _kind(kind) for name, kind in kinds.items()}
+  rules = {name: field_rule(kind) for name, kind in kinds.items()}
 
   def rule(state, params_axes, params):
     unknown = [f for f in state._fields if f not in rules]

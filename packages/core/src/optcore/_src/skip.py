@@ -10,7 +10,6 @@ from typing import Any, ClassVar, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import PartitionSpec
 
 from optcore._src.base import OptimizerDef
 from optcore._src.optimizer import OptimizerState
@@ -64,6 +63,9 @@ class SkipBadSteps(StateWrapper):
 
   name = "skip_bad_steps"
   state_type = SkipState
+  field_axes: ClassVar = MappingProxyType(
+    {"norms": "replicated", "accepted": "replicated", "skipped": "replicated"}
+  )
   config_arguments: ClassVar = MappingProxyType(
     {"window": 100, "sigmas": 6.0, "warmup": 10, "watch": "grad_norm"}
   )
@@ -158,10 +160,6 @@ class SkipBadSteps(StateWrapper):
     skipped = own.skipped + bad.astype(jnp.int32)
     new_own = SkipState(new_inner.param_states, norms, accepted, skipped)
     return new_params, OptimizerState(new_inner.step, new_own)
-
-  def derive_param_states_axes(self, param_states: Any, params: PyTree, params_axes: PyTree):
-    inner = self.optimizer_def.derive_param_states_axes(param_states.inner, params, params_axes)
-    return SkipState(inner, PartitionSpec(None), PartitionSpec(), PartitionSpec())
 
   def extra_arg_names(self) -> frozenset[str] | None:
     inner = self.optimizer_def.extra_arg_names()

@@ -129,6 +129,7 @@ class WithStatistics(StateWrapper):
 
   name = "with_statistics"
   state_type = StatisticsState
+  field_axes: ClassVar = MappingProxyType({"values": "replicated"})
   config_arguments: ClassVar = MappingProxyType({"groups": 1})
 
   def __init__(self, optimizer_def: OptimizerDef, groups: int | Mapping[str, str] = 1):
@@ -231,11 +232,6 @@ class WithStatistics(StateWrapper):
     values = GroupNorms(jnp.sqrt(totals), tuple(names))
     new_own = StatisticsState(new_inner.param_states, values)
     return new_params, OptimizerState(new_inner.step, new_own)
-
-  def derive_param_states_axes(self, param_states: Any, params: PyTree, params_axes: PyTree):
-    inner = self.optimizer_def.derive_param_states_axes(param_states.inner, params, params_axes)
-    names = param_states.values.names
-    return StatisticsState(inner, GroupNorms(PartitionSpec(None, None), names))
 
   def __repr__(self) -> str:
     groups = "" if self.groups == 1 else f", groups={self.groups!r}"

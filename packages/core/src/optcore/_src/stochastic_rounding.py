@@ -10,7 +10,6 @@ from typing import Any, ClassVar, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import PartitionSpec
 
 from optcore._src import paths
 from optcore._src.base import OptimizerDef
@@ -71,6 +70,7 @@ class StochasticRounding(StateWrapper):
 
   name = "stochastic_rounding"
   state_type = StochasticRoundingState
+  field_axes: ClassVar = MappingProxyType({"key": "replicated"})
   config_arguments: ClassVar = MappingProxyType({"seed": 0})
 
   def __init__(self, optimizer_def: OptimizerDef, seed: int = 0):
@@ -128,10 +128,6 @@ class StochasticRounding(StateWrapper):
     ]
     new_state = StochasticRoundingState(new_inner.param_states, jax.random.key_data(key))
     return treedef.unflatten(rounded), OptimizerState(new_inner.step, new_state)
-
-  def derive_param_states_axes(self, param_states: Any, params: PyTree, params_axes: PyTree):
-    inner = self.optimizer_def.derive_param_states_axes(param_states.inner, params, params_axes)
-    return StochasticRoundingState(inner, PartitionSpec(None))
 
   def __repr__(self) -> str:
     seed = f", seed={self.seed}" if self.seed else ""

@@ -14,8 +14,8 @@ come) is a subclass of `Wrapper` that declares:
 - for a wrapper with state of its own (`StateWrapper`): ``state_type``, a
   NamedTuple whose first field ``inner`` holds the wrapped definition's state
   whole (as optax's wrappers do) and whose other fields the wrapper owns, and
-  ``derive_param_states_axes``, how those fields' logical axes follow the
-  parameters'.
+  ``field_axes``, how each of those fields' logical axes follow the parameters',
+  in the words optax's state types use (`optax_rules`).
 
 Hyper-parameters and their overrides, the display name, the logical axes a
 definition is told (`with_param_logical_axes`), the moving average
@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 import jax
 import jax.numpy as jnp
 
-from optcore._src import definition_tree
+from optcore._src import definition_tree, optax_rules
 from optcore._src.base import OptimizerDef
 from optcore._src.hyper_params import HyperParams
 from optcore._src.optimizer import OptimizerState
@@ -162,6 +162,12 @@ class StateWrapper(Wrapper):
   )
   #: The NamedTuple of this wrapper's state; its first field is ``inner``.
   state_type: ClassVar[type]
+  #: The logical axes of each field of `state_type` after ``inner`` (whose axes the wrapped
+  #: definition derives), in its order, declared as optax's state types declare theirs
+  #: (`optax_rules.field_rule`): ``"params"`` for a field in the parameters' structure (a None
+  #: stays None), ``"replicated"`` for a counter, a window of norms or a key, or a function
+  #: ``(field, state, params_axes, params) -> axes``.
+  field_axes: ClassVar[Mapping[str, Any]] = MappingProxyType({})
 
   def __init_subclass__(cls, **kwargs: Any) -> None:
     super().__init_subclass__(**kwargs)
@@ -169,7 +175,23 @@ class StateWrapper(Wrapper):
     if state_type is not None:
       if getattr(state_type, "_fields", ("",))[0] != "inner":
         raise TypeError(f"{cls.__name__}.state_type: a NamedTuple whose first field is inner")
+      if tuple(cls.field_axes) != state_type._fields[1:]:
+        raise TypeError(
+          f"{cls.__name__}.field_axes names {tuple(cls.field_axes)}; {state_type.__name__}'s "
+          f"fields after inner are {state_type._fields[1:]}: declare each, in that order"
+        )
       _STATE_TYPES.append(state_type)
+
+  def derive_param_states_axes(self, param_states: Any, params: PyTree, params_axes: PyTree):
+    """The wrapped definition's axes for ``inner``; each own field's by `field_axes`."""
+    inner = self.optimizer_def.derive_param_states_axes(param_states.inner, params, params_axes)
+    own = {
+      name: optax_rules.field_rule(kind)(
+        getattr(param_states, name), param_states, params_axes, params
+      )
+      for name, kind in self.field_axes.items()
+    }
+    return param_states._replace(inner=inner, **own)
 
   def __init__(self, optimizer_def: OptimizerDef):
     if isinstance(optimizer_def, OptimizerDef) and optimizer_def.groups_parameters:

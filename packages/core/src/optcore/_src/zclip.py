@@ -10,7 +10,6 @@ from typing import Any, ClassVar, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import PartitionSpec
 
 from optcore._src.base import OptimizerDef
 from optcore._src.checks import check_float_params
@@ -75,6 +74,8 @@ class ZClip(StateWrapper):
 
   name = "zclip"
   state_type = ZClipState
+  # the warm-up window and scalars: none follows the parameters
+  field_axes: ClassVar = MappingProxyType(dict.fromkeys(ZClipState._fields[1:], "replicated"))
   config_arguments: ClassVar = MappingProxyType(
     {
       "alpha": 0.97,
@@ -196,11 +197,6 @@ class ZClip(StateWrapper):
       hyper_params, params, self._inner_state(state), clipped, **extra_args
     )
     return new_params, OptimizerState(inner.step, own._replace(inner=inner.param_states))
-
-  def derive_param_states_axes(self, param_states: Any, params: PyTree, params_axes: PyTree):
-    inner = self.optimizer_def.derive_param_states_axes(param_states.inner, params, params_axes)
-    scalar = PartitionSpec()
-    return ZClipState(inner, PartitionSpec(None), scalar, scalar, scalar, scalar, scalar)
 
 
 def zclip(
