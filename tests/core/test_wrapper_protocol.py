@@ -5,6 +5,7 @@ construction, so a new flag on `OptimizerDef` reaches every wrapper without a li
 from __future__ import annotations
 
 import contextlib
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -13,6 +14,7 @@ import pytest
 
 import optcore
 from optcore import legacy
+from optcore._src.wrapper import ParamShaped, StateWrapper
 
 WRAPPERS = {
   "accumulate": lambda d: optcore.accumulate(d, every=2),
@@ -222,11 +224,11 @@ def test_a_groups_accumulation_is_checked_on_restore_naming_the_groups_path():
     shorter.restore_state(nested.state_dict())
 
 
-def test_each_wrappers_own_fields_take_the_axes_its_table_declares():
-  """No wrapper writes its state's axes rule by hand: `StateWrapper.field_axes` declares each
-  own field in optax_rules' words. Checked against the shapes, not the table: a field leaf of
-  a parameter's shape gets that parameter's axes, every other leaf (a counter, a window of
-  norms, a key, the statistics' rows) none."""
+def test_each_wrappers_own_fields_take_the_axes_its_state_type_declares():
+  """No wrapper writes its state's axes rule by hand: its state type declares each own field
+  (``ema: ParamShaped``, ``count: Replicated``). Checked against the shapes, not against the
+  declarations: a field leaf of a parameter's shape gets that parameter's axes, every other
+  leaf (a counter, a window of norms, a key, the statistics' rows) none."""
   from composition import WRAPPERS as TABLE
   from jax.sharding import PartitionSpec as P
 
@@ -250,19 +252,18 @@ def test_each_wrappers_own_fields_take_the_axes_its_table_declares():
           assert spec == P(*(None,) * np.ndim(leaf)), (name, field, keys)
 
 
-def test_a_state_wrapper_must_declare_each_field_of_its_state():
-  from types import MappingProxyType
-  from typing import NamedTuple
+class HalfState(NamedTuple):
+  """A state type whose ``count`` does not say how its axes follow the parameters'."""
 
-  from optcore._src import wrapper
+  inner: object
+  total: ParamShaped
+  count: object
 
-  class HalfState(NamedTuple):
-    inner: object
-    total: object
-    count: object
 
-  with pytest.raises(TypeError, match=r"declare each, in that order"):
+def test_a_state_type_must_declare_the_axes_of_each_field():
+  """A wrapper's state type says, field by field, how its axes follow the parameters'; one
+  field without that declaration refuses the wrapper class where it is defined."""
+  with pytest.raises(TypeError, match=r"HalfState.count declares no logical axes: annotate it"):
 
-    class Half(wrapper.StateWrapper):  # no name: not registered
+    class Half(StateWrapper):  # no name: not registered
       state_type = HalfState
-      field_axes = MappingProxyType({"total": "params"})

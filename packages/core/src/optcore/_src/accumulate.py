@@ -16,7 +16,7 @@ from optcore._src.checks import check_float_params
 from optcore._src.optax_wrapper import OptaxWrapper
 from optcore._src.optimizer import OptimizerState
 from optcore._src.serialization import StateDictError
-from optcore._src.wrapper import REQUIRED, StateWrapper, floating_dtype
+from optcore._src.wrapper import REQUIRED, ParamShaped, Replicated, StateWrapper, floating_dtype
 
 PyTree = Any
 
@@ -33,8 +33,8 @@ class AccumulateState(NamedTuple):
   """
 
   inner: PyTree
-  accumulated: PyTree
-  mini_step: jax.Array
+  accumulated: ParamShaped
+  mini_step: Replicated
 
 
 class Accumulate(StateWrapper):
@@ -42,7 +42,6 @@ class Accumulate(StateWrapper):
 
   name = "accumulate"
   state_type = AccumulateState
-  field_axes: ClassVar = MappingProxyType({"accumulated": "params", "mini_step": "replicated"})
   config_arguments: ClassVar = MappingProxyType({"every": REQUIRED, "dtype": jnp.float32})
 
   def __init__(self, optimizer_def: OptimizerDef, every: int, dtype: Any = jnp.float32):

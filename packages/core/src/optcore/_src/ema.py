@@ -13,7 +13,7 @@ from optcore._src import placement
 from optcore._src.base import OptimizerDef
 from optcore._src.checks import check_float_params
 from optcore._src.optimizer import OptimizerState
-from optcore._src.wrapper import StateWrapper, floating_dtype
+from optcore._src.wrapper import ParamShaped, Replicated, StateWrapper, floating_dtype
 
 PyTree = Any
 
@@ -28,8 +28,8 @@ class EmaState(NamedTuple):
   """
 
   inner: PyTree
-  ema: PyTree
-  count: jax.Array
+  ema: ParamShaped
+  count: Replicated
 
 
 class Ema(StateWrapper):
@@ -37,7 +37,6 @@ class Ema(StateWrapper):
 
   name = "ema"
   state_type = EmaState
-  field_axes: ClassVar = MappingProxyType({"ema": "params", "count": "replicated"})
   config_arguments: ClassVar = MappingProxyType({"decay": 0.999, "debias": False, "dtype": None})
 
   def __init__(

@@ -14,6 +14,7 @@ from optcore._src.base import OptimizerDef
 from optcore._src.checks import check_float_params
 from optcore._src.optimizer import OptimizerState
 from optcore._src.wrapper import (
+  ParamShaped,
   StateWrapper,
   floating_dtype,
   init_in_one_program,
@@ -34,7 +35,7 @@ class MixedPrecisionState(NamedTuple):
   """
 
   inner: PyTree
-  master: PyTree
+  master: ParamShaped
 
 
 class MixedPrecision(StateWrapper):
@@ -43,7 +44,6 @@ class MixedPrecision(StateWrapper):
 
   name = "mixed_precision"
   state_type = MixedPrecisionState
-  field_axes: ClassVar = MappingProxyType({"master": "params"})
   config_arguments: ClassVar = MappingProxyType({"state_dtype": None, "master_dtype": None})
 
   def __init__(

@@ -13,7 +13,7 @@ import numpy as np
 
 from optcore._src.base import OptimizerDef
 from optcore._src.optimizer import OptimizerState
-from optcore._src.wrapper import StateWrapper
+from optcore._src.wrapper import Replicated, StateWrapper
 
 PyTree = Any
 
@@ -31,9 +31,9 @@ class SkipState(NamedTuple):
   """
 
   inner: PyTree
-  norms: jax.Array
-  accepted: jax.Array
-  skipped: jax.Array
+  norms: Replicated
+  accepted: Replicated
+  skipped: Replicated
 
 
 def global_norm(grads: PyTree) -> jax.Array:
@@ -63,9 +63,6 @@ class SkipBadSteps(StateWrapper):
 
   name = "skip_bad_steps"
   state_type = SkipState
-  field_axes: ClassVar = MappingProxyType(
-    {"norms": "replicated", "accepted": "replicated", "skipped": "replicated"}
-  )
   config_arguments: ClassVar = MappingProxyType(
     {"window": 100, "sigmas": 6.0, "warmup": 10, "watch": "grad_norm"}
   )

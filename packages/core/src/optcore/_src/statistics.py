@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, ClassVar, NamedTuple
+from typing import Annotated, Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -115,7 +115,7 @@ class StatisticsState(NamedTuple):
   """
 
   inner: PyTree
-  values: GroupNorms
+  values: Annotated[GroupNorms, "replicated"]
 
   def logged(self) -> dict[str, jax.Array]:
     """What `optcore.statistics` shows of it: `as_flat_dict` of ``values``' rows."""
@@ -129,7 +129,6 @@ class WithStatistics(StateWrapper):
 
   name = "with_statistics"
   state_type = StatisticsState
-  field_axes: ClassVar = MappingProxyType({"values": "replicated"})
   config_arguments: ClassVar = MappingProxyType({"groups": 1})
 
   def __init__(self, optimizer_def: OptimizerDef, groups: int | Mapping[str, str] = 1):

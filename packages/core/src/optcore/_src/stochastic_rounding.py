@@ -15,7 +15,7 @@ from optcore._src import paths
 from optcore._src.base import OptimizerDef
 from optcore._src.checks import check_float_params
 from optcore._src.optimizer import OptimizerState
-from optcore._src.wrapper import StateWrapper, init_in_one_program
+from optcore._src.wrapper import Replicated, StateWrapper, init_in_one_program
 
 PyTree = Any
 
@@ -30,7 +30,7 @@ class StochasticRoundingState(NamedTuple):
   """
 
   inner: PyTree
-  key: jax.Array
+  key: Replicated
 
 
 def round_to_bfloat16(x: jax.Array, key: jax.Array) -> jax.Array:
@@ -70,7 +70,6 @@ class StochasticRounding(StateWrapper):
 
   name = "stochastic_rounding"
   state_type = StochasticRoundingState
-  field_axes: ClassVar = MappingProxyType({"key": "replicated"})
   config_arguments: ClassVar = MappingProxyType({"seed": 0})
 
   def __init__(self, optimizer_def: OptimizerDef, seed: int = 0):

@@ -13,9 +13,9 @@ come) is a subclass of `Wrapper` that declares:
   ``==`` and ``jit``'s cache compare) is made of them;
 - for a wrapper with state of its own (`StateWrapper`): ``state_type``, a
   NamedTuple whose first field ``inner`` holds the wrapped definition's state
-  whole (as optax's wrappers do) and whose other fields the wrapper owns, and
-  ``field_axes``, how each of those fields' logical axes follow the parameters',
-  in the words optax's state types use (`optax_rules`).
+  whole (as optax's wrappers do) and whose other fields the wrapper owns, each
+  annotated with how its logical axes follow the parameters' (`ParamShaped`,
+  `Replicated`: the words optax's state types use in `optax_rules`).
 
 Hyper-parameters and their overrides, the display name, the logical axes a
 definition is told (`with_param_logical_axes`), the moving average
@@ -25,9 +25,10 @@ through to the wrapped definition unless a wrapper says otherwise.
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -39,6 +40,12 @@ from optcore._src.optimizer import OptimizerState
 from optcore._src.stored import is_stored
 
 PyTree = Any
+
+#: A wrapper state's field in the parameters' structure: each leaf takes its parameter's logical
+#: axes (a None, for a parameter the field does not hold, stays None).
+ParamShaped = Annotated[PyTree, optax_rules.P]
+#: A wrapper state's field that no axis splits: a counter, a window of norms, a key.
+Replicated = Annotated[jax.Array, optax_rules.R]
 
 
 class _Required:
@@ -163,10 +170,11 @@ class StateWrapper(Wrapper):
   #: The NamedTuple of this wrapper's state; its first field is ``inner``.
   state_type: ClassVar[type]
   #: The logical axes of each field of `state_type` after ``inner`` (whose axes the wrapped
-  #: definition derives), in its order, declared as optax's state types declare theirs
-  #: (`optax_rules.field_rule`): ``"params"`` for a field in the parameters' structure (a None
-  #: stays None), ``"replicated"`` for a counter, a window of norms or a key, or a function
-  #: ``(field, state, params_axes, params) -> axes``.
+  #: definition derives), read from the state type's own declaration: each field is annotated
+  #: ``Annotated[..., kind]`` in optax_rules' words (`optax_rules.field_rule`): ``"params"``
+  #: for a field in the parameters' structure (a None stays None), ``"replicated"`` for a
+  #: counter, a window of norms or a key, or a function ``(field, state, params_axes, params)
+  #: -> axes``.
   field_axes: ClassVar[Mapping[str, Any]] = MappingProxyType({})
 
   def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -175,11 +183,7 @@ class StateWrapper(Wrapper):
     if state_type is not None:
       if getattr(state_type, "_fields", ("",))[0] != "inner":
         raise TypeError(f"{cls.__name__}.state_type: a NamedTuple whose first field is inner")
-      if tuple(cls.field_axes) != state_type._fields[1:]:
-        raise TypeError(
-          f"{cls.__name__}.field_axes names {tuple(cls.field_axes)}; {state_type.__name__}'s "
-          f"fields after inner are {state_type._fields[1:]}: declare each, in that order"
-        )
+      cls.field_axes = MappingProxyType(_declared_axes(state_type))
       _STATE_TYPES.append(state_type)
 
   def derive_param_states_axes(self, param_states: Any, params: PyTree, params_axes: PyTree):
@@ -229,6 +233,34 @@ class StateWrapper(Wrapper):
 
   def check_state_values(self, state: OptimizerState, where: str = "state/param_states") -> None:
     self.optimizer_def.check_state_values(self._inner_state(state), f"{where}/inner")
+
+
+def _declared_axes(state_type: type) -> dict[str, Any]:
+  """Each field after ``inner`` of a wrapper's state type, and the axes kind its annotation
+  declares (``Annotated[PyTree, "params"]``); a field without one is refused, naming it."""
+  try:
+    hints = typing.get_type_hints(state_type, include_extras=True)
+  except NameError as e:
+    raise TypeError(
+      f"{state_type.__name__}'s annotations cannot be read ({e}): define the state type, and "
+      "import what its annotations name (ParamShaped, Replicated), at the top of its module"
+    ) from None
+  declared = {}
+  for name in state_type._fields[1:]:
+    kinds = [m for m in getattr(hints.get(name), "__metadata__", ()) if _is_axes_kind(m)]
+    if len(kinds) != 1:
+      raise TypeError(
+        f"{state_type.__name__}.{name} declares no logical axes: annotate it "
+        "ParamShaped (a field in the parameters' structure), Replicated (a counter, a window, "
+        "a key), or Annotated[<type>, rule] with a rule (field, state, params_axes, params) -> "
+        "axes"
+      )
+    declared[name] = kinds[0]
+  return declared
+
+
+def _is_axes_kind(value: Any) -> bool:
+  return value in (optax_rules.P, optax_rules.R) or callable(value)
 
 
 def wrapped_chain(optimizer_def: OptimizerDef) -> list[OptimizerDef]:

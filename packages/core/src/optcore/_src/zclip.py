@@ -15,7 +15,7 @@ from optcore._src.base import OptimizerDef
 from optcore._src.checks import check_float_params
 from optcore._src.optimizer import OptimizerState
 from optcore._src.skip import global_norm
-from optcore._src.wrapper import StateWrapper, one_of
+from optcore._src.wrapper import Replicated, StateWrapper, one_of
 
 PyTree = Any
 
@@ -39,12 +39,12 @@ class ZClipState(NamedTuple):
   """
 
   inner: PyTree
-  buffer: jax.Array
-  seen: jax.Array
-  mean: jax.Array
-  var: jax.Array
-  grad_norm: jax.Array
-  clip_norm: jax.Array
+  buffer: Replicated
+  seen: Replicated
+  mean: Replicated
+  var: Replicated
+  grad_norm: Replicated
+  clip_norm: Replicated
 
   def logged(self) -> dict[str, jax.Array]:
     """What `optcore.statistics` shows of it: ``zclip/grad_norm``, ``zclip/clip_norm``,
@@ -74,8 +74,6 @@ class ZClip(StateWrapper):
 
   name = "zclip"
   state_type = ZClipState
-  # the warm-up window and scalars: none follows the parameters
-  field_axes: ClassVar = MappingProxyType(dict.fromkeys(ZClipState._fields[1:], "replicated"))
   config_arguments: ClassVar = MappingProxyType(
     {
       "alpha": 0.97,
