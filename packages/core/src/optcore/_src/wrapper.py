@@ -170,11 +170,9 @@ class StateWrapper(Wrapper):
   #: The NamedTuple of this wrapper's state; its first field is ``inner``.
   state_type: ClassVar[type]
   #: The logical axes of each field of `state_type` after ``inner`` (whose axes the wrapped
-  #: definition derives), read from the state type's own declaration: each field is annotated
-  #: ``Annotated[..., kind]`` in optax_rules' words (`optax_rules.field_rule`): ``"params"``
-  #: for a field in the parameters' structure (a None stays None), ``"replicated"`` for a
-  #: counter, a window of norms or a key, or a function ``(field, state, params_axes, params)
-  #: -> axes``.
+  #: definition derives), read once from the state type's own annotations: `ParamShaped`,
+  #: `Replicated`, or ``Annotated[<type>, rule]`` with a rule of `optax_rules.field_rule`'s
+  #: form. Not set by hand.
   field_axes: ClassVar[Mapping[str, Any]] = MappingProxyType({})
 
   def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -260,7 +258,7 @@ def _declared_axes(state_type: type) -> dict[str, Any]:
 
 
 def _is_axes_kind(value: Any) -> bool:
-  return value in (optax_rules.P, optax_rules.R) or callable(value)
+  return (isinstance(value, str) and value in (optax_rules.P, optax_rules.R)) or callable(value)
 
 
 def wrapped_chain(optimizer_def: OptimizerDef) -> list[OptimizerDef]:
