@@ -267,3 +267,37 @@ def test_a_state_type_must_declare_the_axes_of_each_field():
 
     class Half(StateWrapper):  # no name: not registered
       state_type = HalfState
+
+
+@pytest.mark.parametrize(
+  "make",
+  [
+    lambda d: optcore.accumulate(d, 3, dtype=jnp.bfloat16),
+    lambda d: optcore.cautious(d, "sum_plus_one"),
+    lambda d: optcore.ema(d, 0.9, debias=True, dtype=jnp.float32),
+    lambda d: optcore.low_bit_state(d, bits=4, block_size=64, states="nu", min_size=8),
+    lambda d: optcore.mixed_precision(d, state_dtype=jnp.bfloat16, master_dtype=jnp.float32),
+    lambda d: optcore.skip_bad_steps(d, window=5, warmup=2, watch="loss"),
+    lambda d: optcore.stochastic_rounding(d, seed=3),
+    lambda d: optcore.grouped(d, max_leaf_size=7),
+    lambda d: optcore.with_statistics(d, {"x": "w"}),
+    lambda d: optcore.zclip(d, alpha=0.9),
+  ],
+  ids=[
+    "accumulate",
+    "cautious",
+    "ema",
+    "low_bit_state",
+    "mixed_precision",
+    "skip_bad_steps",
+    "stochastic_rounding",
+    "grouped",
+    "with_statistics",
+    "zclip",
+  ],
+)
+def test_a_wrappers_repr_is_the_call_that_makes_it(make):
+  """One repr for every wrapper, from its config table: its settings as its constructor takes
+  them (accumulate once wrote ``dtype=bfloat16``, a name no program has)."""
+  opt_def = make(optcore.sgd(0.1))
+  assert eval(repr(opt_def), {**vars(optcore), "jnp": jnp}) == opt_def

@@ -164,10 +164,6 @@ class Accumulate(StateWrapper):
     new_acc = AccumulateState(inner.param_states, accumulated, (acc.mini_step + 1) % self.every)
     return OptimizerState(inner.step, new_acc)
 
-  def __repr__(self) -> str:
-    dtype = "" if self.dtype == jnp.float32 else f", dtype={jnp.dtype(self.dtype).name}"
-    return f"accumulate({self.optimizer_def!r}, every={self.every}{dtype})"
-
 
 def _keep(emit: jax.Array):
   """new where ``emit``, else old, in old's dtype."""

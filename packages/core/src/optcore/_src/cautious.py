@@ -133,10 +133,6 @@ class Cautious(StateWrapper):
     updates, new_state = self.compute_updates(hyper_params, params, state, grads, **extra_args)
     return optax.apply_updates(params, updates), new_state
 
-  def __repr__(self) -> str:
-    normalization = "" if self.normalization == "mean" else f", {self.normalization!r}"
-    return f"cautious({self.optimizer_def!r}{normalization})"
-
 
 def cautious(optimizer_def: OptimizerDef, normalization: str = "mean") -> Cautious:
   """The cautious optimizer of Liang et al. (arXiv 2411.16085): ``optimizer_def``'s step,

@@ -38,6 +38,7 @@ class Ema(StateWrapper):
   name = "ema"
   state_type = EmaState
   config_arguments: ClassVar = MappingProxyType({"decay": 0.999, "debias": False, "dtype": None})
+  repr_shows = ("decay",)
 
   def __init__(
     self, optimizer_def: OptimizerDef, decay: float = 0.999, debias: bool = False, dtype: Any = None
@@ -97,12 +98,6 @@ class Ema(StateWrapper):
       return average
     correction = 1 - jnp.asarray(self.decay, jnp.float32) ** count
     return jax.tree.map(lambda e: jnp.where(count > 0, e / correction.astype(e.dtype), e), average)
-
-  def __repr__(self) -> str:
-    extra = ", debias=True" if self.debias else ""
-    if self.dtype is not None:
-      extra += f", dtype=jnp.{jnp.dtype(self.dtype).name}"
-    return f"ema({self.optimizer_def!r}, decay={self.decay}{extra})"
 
 
 def ema(

@@ -60,6 +60,7 @@ class Grouped(Wrapper):
   name = "grouped"
   changes: ClassVar = MappingProxyType({"groups_parameters": True})
   config_arguments: ClassVar = MappingProxyType({"max_leaf_size": 65536, "max_buffer_size": 262144})
+  repr_shows = ("max_leaf_size", "max_buffer_size")
 
   def __init__(
     self,
@@ -240,12 +241,6 @@ class Grouped(Wrapper):
     return shardings
 
   # derive_shardings and create_sharded are OptimizerDef's: they call create and the above.
-
-  def __repr__(self) -> str:
-    return (
-      f"grouped({self.optimizer_def!r}, max_leaf_size={self.max_leaf_size}, "
-      f"max_buffer_size={self.max_buffer_size})"
-    )
 
 
 @dataclasses.dataclass(frozen=True)

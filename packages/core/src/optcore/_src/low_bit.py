@@ -89,6 +89,7 @@ class LowBitStateDef(StateWrapper):
   config_arguments: ClassVar = MappingProxyType(
     {"bits": 8, "block_size": None, "states": None, "min_size": MIN_SIZE, "rounding": "nearest"}
   )
+  repr_shows = ("bits",)
 
   def __init__(self, optimizer_def: OptimizerDef, **settings: Any):
     """``settings``: `low_bit_state`'s keywords; the others keep ``config_arguments``'
@@ -219,14 +220,6 @@ class LowBitStateDef(StateWrapper):
       for leaf, spec in zip(leaves, treedef.flatten_up_to(axes), strict=True)
     ]
     return LowBitState(treedef.unflatten(out))
-
-  def __repr__(self) -> str:
-    parts = [repr(self.optimizer_def), f"bits={self.bits}"]
-    for name in ("block_size", "states", "min_size", "rounding"):
-      value, default = getattr(self, name), self.config_arguments[name]
-      if value != default:
-        parts.append(f"{name}={value!r}")
-    return f"low_bit_state({', '.join(parts)})"
 
 
 def _keyed_leaves(param_states: PyTree) -> list[tuple[tuple, Any]]:

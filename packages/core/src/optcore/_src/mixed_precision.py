@@ -147,14 +147,6 @@ class MixedPrecision(StateWrapper):
     )
     return treedef.unflatten(new_params), OptimizerState(new_inner.step, new_state)
 
-  def __repr__(self) -> str:
-    parts = [repr(self.optimizer_def)]
-    for name in ("state_dtype", "master_dtype"):
-      value = getattr(self, name)
-      if value is not None:
-        parts.append(f"{name}=jnp.{jnp.dtype(value).name}")
-    return f"mixed_precision({', '.join(parts)})"
-
 
 def _is_real_float(x: Any) -> bool:
   return hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating)

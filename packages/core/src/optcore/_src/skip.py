@@ -66,6 +66,7 @@ class SkipBadSteps(StateWrapper):
   config_arguments: ClassVar = MappingProxyType(
     {"window": 100, "sigmas": 6.0, "warmup": 10, "watch": "grad_norm"}
   )
+  repr_shows = ("window", "sigmas", "warmup")
 
   def __init__(
     self,
@@ -163,13 +164,6 @@ class SkipBadSteps(StateWrapper):
     if self.watch != "loss" or inner is None:
       return inner
     return inner | {"value"}  # the loss the window judges
-
-  def __repr__(self) -> str:
-    watch = "" if self.watch == "grad_norm" else f", watch={self.watch!r}"
-    return (
-      f"skip_bad_steps({self.optimizer_def!r}, window={self.window}, sigmas={self.sigmas}, "
-      f"warmup={self.warmup}{watch})"
-    )
 
 
 def skip_bad_steps(

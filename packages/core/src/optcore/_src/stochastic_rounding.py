@@ -128,10 +128,6 @@ class StochasticRounding(StateWrapper):
     new_state = StochasticRoundingState(new_inner.param_states, jax.random.key_data(key))
     return treedef.unflatten(rounded), OptimizerState(new_inner.step, new_state)
 
-  def __repr__(self) -> str:
-    seed = f", seed={self.seed}" if self.seed else ""
-    return f"stochastic_rounding({self.optimizer_def!r}{seed})"
-
 
 def stochastic_rounding(optimizer_def: OptimizerDef, seed: int = 0) -> StochasticRounding:
   """bfloat16 parameters without a float32 master copy: each step's result rounded

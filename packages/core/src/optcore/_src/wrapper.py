@@ -32,6 +32,7 @@ from typing import Annotated, Any, ClassVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from optcore._src import definition_tree, optax_rules
 from optcore._src.base import OptimizerDef
@@ -148,15 +149,20 @@ class Wrapper(OptimizerDef):
   def _static_key(self) -> tuple:
     return (type(self), self.optimizer_def, *(getattr(self, a) for a in self.config_arguments))
 
+  #: Config arguments the repr shows even at their default (ema's ``decay``), beside the
+  #: required ones.
+  repr_shows: ClassVar[tuple[str, ...]] = ()
+
   def __repr__(self) -> str:
-    """``name(wrapped, setting=value, ...)`` with the config arguments away from their
-    defaults (a wrapper whose repr needs more writes its own)."""
-    changed = [
-      f"{name}={getattr(self, name)!r}"
+    """``name(wrapped, setting=value, ...)``: the required config arguments, those in
+    `repr_shows`, and the others away from their defaults, as the constructor takes them
+    (a dtype as ``jnp.bfloat16``)."""
+    shown = [
+      f"{name}={_setting_repr(getattr(self, name))}"
       for name, default in self.config_arguments.items()
-      if default is REQUIRED or getattr(self, name) != default
+      if default is REQUIRED or name in self.repr_shows or getattr(self, name) != default
     ]
-    return f"{self.name}({', '.join([repr(self.optimizer_def), *changed])})"
+    return f"{self.name}({', '.join([repr(self.optimizer_def), *shown])})"
 
 
 class StateWrapper(Wrapper):
@@ -231,6 +237,17 @@ class StateWrapper(Wrapper):
 
   def check_state_values(self, state: OptimizerState, where: str = "state/param_states") -> None:
     self.optimizer_def.check_state_values(self._inner_state(state), f"{where}/inner")
+
+
+def _setting_repr(value: Any) -> str:
+  """A wrapper's setting as its constructor takes it: a dtype as ``jnp.<name>``, anything else
+  by its repr."""
+  if isinstance(value, (np.dtype, type)):
+    try:
+      return f"jnp.{jnp.dtype(value).name}"
+    except TypeError:
+      pass
+  return repr(value)
 
 
 def _declared_axes(state_type: type) -> dict[str, Any]:
