@@ -127,5 +127,5 @@ def test_an_optax_combinator_rebuilt_with_its_children():
   faster = chain.with_children((optcore.sgd(0.5),))
   assert faster.hyper_params.transformations[0] is clip
   assert faster.children() == (optcore.sgd(0.5),) and chain.children() == (sgd,)
-  with pytest.raises(TypeError, match="holds 1 definitions; got 2"):
+  with pytest.raises(TypeError, match=r"holds 1 definition\(s\) among its arguments; got 2"):
     chain.with_children((sgd, sgd))

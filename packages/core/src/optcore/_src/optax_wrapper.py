@@ -120,9 +120,12 @@ class OptaxWrapper(OptimizerDef):
     return tuple(_definitions_in(self.hyper_params.values()))
 
   def with_children(self, children: tuple[OptimizerDef, ...]) -> OptaxWrapper:
-    if len(children) != len(self.children()):
-      raise TypeError(f"{self.display_name()} holds {len(self.children())} definitions; got "
-                      f"{len(children)}")  # fmt: skip
+    held = len(self.children())
+    if len(children) != held:
+      raise TypeError(
+        f"{self.display_name()} holds {held} definition(s) among its arguments; got "
+        f"{len(children)} to put in their place"
+      )
     replaced = iter(children)
     values = {k: _replace_definitions(v, replaced) for k, v in self.hyper_params.items()}
     return self.with_hyper_params(HyperParams(**values))
