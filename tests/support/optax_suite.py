@@ -28,8 +28,13 @@ def failures(report: Path) -> set[str]:
 
 
 def run(report: Path, *args: str) -> None:
+  """optax's suite under its own settings: an empty pytest config beside ``report``, not this
+  repository's (whose ``filterwarnings = error`` fails optax's tests on optax's own warnings)."""
   env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-  command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}"]
+  config = report.with_suffix(".ini")
+  config.write_text("[pytest]\n")
+  command = [sys.executable, "-m", "pytest", "-q", "-c", str(config), "-p", "no:cacheprovider"]
+  command += [f"--rootdir={report.parent}", f"--junitxml={report}"]
   subprocess.run([*command, *args, "--pyargs", "optax"], env=env, check=False)
 
 
