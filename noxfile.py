@@ -106,11 +106,36 @@ ADAPTERS = {"flax": "optcore_flax", "equinox": "optcore_equinox", "treex": "optc
 VERSIONS_SHOWN = ["jax", "jaxlib", "numpy", "optax", "flax", "equinox", "treeo", "orbax-checkpoint"]
 
 
+def _find_uv() -> str | None:
+  """uv as nox's uv backend finds it: ``$UV``, then the uv installed beside nox (``nox[uv]``
+  in a venv or by pipx puts it there, not on PATH: the README's first commands), then PATH."""
+  if named := os.environ.get("UV"):
+    return shutil.which(named)
+  try:
+    from uv import find_uv_bin  # the uv distribution's own locator, in nox's interpreter
+
+    return find_uv_bin()
+  except (ImportError, FileNotFoundError):
+    return shutil.which("uv")
+
+
+#: uv's executable; every session calls it by this path, since ``.venv/bin`` need not be on PATH.
+UV = _find_uv()
+
+
+def uv(session: nox.Session) -> str:
+  """uv's path, or the session stops saying how to get it."""
+  if UV is None:
+    session.error(
+      "these sessions install from uv.lock and need uv beside nox: pip install 'nox[uv]' into "
+      "the environment nox runs from (or put uv on PATH, or set UV=/path/to/uv)"
+    )
+  return UV
+
+
 def sync(session: nox.Session, package: str | None, *groups: str) -> None:
   """Installs ``package`` (every member when None) and ``groups`` from uv.lock."""
-  if shutil.which("uv") is None:
-    session.error("these sessions install from uv.lock and need uv: pip install 'nox[uv]'")
-  args = ["uv", "sync", "--locked", "--no-default-groups"]
+  args = [uv(session), "sync", "--locked", "--no-default-groups"]
   args += ["--package", package] if package else ["--all-packages"]
   for group in groups:
     args += ["--group", group]
@@ -357,7 +382,7 @@ def reference(session: nox.Session) -> None:
   links = os.environ.get("PIP_FIND_LINKS")
   where = ["--find-links", links] if links else ["--extra-index-url", TORCH_CPU_INDEX]
   session.run_install(
-    "uv", "pip", "install", "--python", session.virtualenv.location, *where,
+    uv(session), "pip", "install", "--python", session.virtualenv.location, *where,
     *LOW_BIT_REFERENCE, *FIELD_REFERENCE, external=True,
   )  # fmt: skip
   fresh = os.path.join(session.create_tmp(), "low_bit_reference.npz")
@@ -381,11 +406,11 @@ def shampoo_reference(session: nox.Session) -> None:
   file must agree with them, and `tests/core/test_shampoo.py` runs against them."""
   sync(session, None, "test")  # every member: flax, which the reference imports
   session.run_install(
-    "uv", "pip", "install", "--python", session.virtualenv.location, "--no-deps",
+    uv(session), "pip", "install", "--python", session.virtualenv.location, "--no-deps",
     *SHAMPOO_REFERENCE, external=True,
   )  # fmt: skip
   session.run_install(
-    "uv", "pip", "install", "--python", session.virtualenv.location, "chex", external=True
+    uv(session), "pip", "install", "--python", session.virtualenv.location, "chex", external=True
   )
   print_versions(session)
   fresh = os.path.join(session.create_tmp(), "shampoo_reference.npz")
@@ -404,7 +429,7 @@ def optax_suite(session: nox.Session) -> None:
   any test that fails only rebound (tests/support/optax_suite.py)."""
   sync(session, "optcore", "test")
   session.run_install(
-    "uv", "pip", "install", "--python", session.virtualenv.location, *OPTAX_TEST_TOOLS,
+    uv(session), "pip", "install", "--python", session.virtualenv.location, *OPTAX_TEST_TOOLS,
     external=True,
   )  # fmt: skip
   print_versions(session)
@@ -435,11 +460,11 @@ def bench(session: nox.Session) -> None:
   reports to benchmarks/results/."""
   sync(session, None, "checkpoint")  # training_at_scale.py imports the demo, which saves with orbax
   session.run_install(  # the authors' JAX Shampoo, timed by matrix_optimizers.py
-    "uv", "pip", "install", "--python", session.virtualenv.location, "--no-deps",
+    uv(session), "pip", "install", "--python", session.virtualenv.location, "--no-deps",
     *SHAMPOO_REFERENCE, external=True,
   )  # fmt: skip
   session.run_install(
-    "uv", "pip", "install", "--python", session.virtualenv.location, "chex", external=True
+    uv(session), "pip", "install", "--python", session.virtualenv.location, "chex", external=True
   )
   session.run("python", "benchmarks/suite.py", *session.posargs)
   session.run("python", "benchmarks/grouped.py", *session.posargs)
@@ -463,7 +488,7 @@ def release(session: nox.Session) -> None:
   extra from the wheels into a clean venv, as a user would, and the core from its sdist."""
   dist = ROOT / "dist"
   shutil.rmtree(dist, ignore_errors=True)
-  session.run("uv", "build", "--all-packages", "--out-dir", str(dist), external=True)
+  session.run(uv(session), "build", "--all-packages", "--out-dir", str(dist), external=True)
   built = sorted(p.name for p in dist.iterdir() if p.name.endswith((".whl", ".tar.gz")))
   session.log(f"built: {built}")
   if sum(name.endswith(".whl") for name in built) != 4 or len(built) != 8:
@@ -477,10 +502,10 @@ def release(session: nox.Session) -> None:
   for name, (requirement, module) in users.items():
     venv = Path(session.create_tmp()) / f"user-{name}"
     shutil.rmtree(venv, ignore_errors=True)
-    session.run("uv", "venv", "--quiet", "--python", PYTHON, str(venv), external=True)
+    session.run(uv(session), "venv", "--quiet", "--python", PYTHON, str(venv), external=True)
     python = str(venv / "bin" / "python")
     # What a user types, with the freshly built distributions standing in for PyPI's.
-    session.run("uv", "pip", "install", "--quiet", "--python", python, "pip", external=True)
+    session.run(uv(session), "pip", "install", "--quiet", "--python", python, "pip", external=True)
     session.run(
       python,
       "-m",
@@ -518,13 +543,24 @@ def docs(session: nox.Session) -> None:
   in headless Chromium to docs/_build/screenshots/ (Chromium from PATH; with
   OPTCORE_INSTALL_CHROMIUM=1 Debian's package is installed with apt when missing), checks each
   shows a page, not a blank, and measures every page at 1280 px: no code
-  block, table, figure or contents entry clipped (docs/_tools/check_clipping.py)."""
+  block, table, figure or contents entry clipped (docs/_tools/check_clipping.py).
+
+  Chromium is looked for first, before anything is built, so a machine without it hears what
+  to install at once; ``nox -s docs -- --site-only`` builds the site and checks its links
+  without it."""
+  site_only = "--site-only" in session.posargs
+  unknown = [arg for arg in session.posargs if arg != "--site-only"]
+  if unknown:
+    session.error(f"nox -s docs takes only --site-only after --, not {unknown}")
+  chromium = None if site_only else _chromium(session)
   sync(session, None, "docs")
   build = ROOT / "docs" / "_build"
   shutil.rmtree(build / "html", ignore_errors=True)
   session.run("sphinx-build", "-W", "--keep-going", "-b", "html", "docs", str(build / "html"))
   session.run("python", "docs/_tools/check_links.py", str(build / "html"))
-  chromium = _chromium(session)
+  if chromium is None:
+    session.log(f"site: {build / 'html' / 'index.html'} (--site-only: no screenshots)")
+    return
   shots = build / "screenshots"
   shots.mkdir(parents=True, exist_ok=True)
   for page, (name, (width, height)) in SCREENSHOTS.items():
@@ -559,10 +595,10 @@ def _chromium(session: nox.Session) -> str:
       return found
   if os.environ.get("OPTCORE_INSTALL_CHROMIUM") != "1":
     session.error(
-      "the site's screenshots and clipping checks need Chromium, which is not on PATH: install "
-      "your distribution's package (Debian/Ubuntu: sudo apt-get install chromium "
-      "fonts-dejavu-core), or rerun with OPTCORE_INSTALL_CHROMIUM=1 to let this session run "
-      "apt-get for you"
+      "the site's screenshots and clipping checks need Chromium, which is not on PATH (nothing "
+      "was built): install your distribution's package (Debian/Ubuntu: sudo apt-get install "
+      "chromium fonts-dejavu-core), or rerun with OPTCORE_INSTALL_CHROMIUM=1 to let this "
+      "session run apt-get for you, or build the site alone with nox -s docs -- --site-only"
     )
   if shutil.which("apt-get") is None:
     session.error("the screenshots need Chromium: install your distribution's chromium package")
