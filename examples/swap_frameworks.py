@@ -49,7 +49,9 @@ CONFIG = {
   "name": "multi",
   "groups": [
     {
-      "select": "kernel$",
+      # Flax names a layer's matrix 'kernel', Equinox's own eqx.nn.Linear 'weight': this
+      # selector reads both, so the config keeps working on eqx.nn.MLP (/layers/0/weight).
+      "select": "(kernel|weight)$",
       "optimizer": {"name": "adamw", "learning_rate": 0.02, "weight_decay": 1e-4},
     },
     {"select": "bias$", "optimizer": {"name": "sgd", "learning_rate": 0.02, "momentum": 0.9}},

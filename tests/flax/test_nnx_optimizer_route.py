@@ -146,6 +146,44 @@ def test_the_read_out_functions_read_an_nnx_optimizers_state_with_its_definition
   assert float(read["learning_rate"]) == float(schedule(1))
 
 
+def test_the_read_outs_read_flaxs_own_optimizer_state_without_optcore_flax():
+  """Issue 62: Flax's nnx.Optimizer keeps each array of opt_state in an OptState Variable; a
+  program that never imported optcore_flax met "Triggering __jax_array__() during
+  abstractification" from optcore.statistics. A fresh process, so optcore_flax is not loaded."""
+  program = textwrap.dedent(
+    """
+    import sys
+    import jax.numpy as jnp
+    from flax import nnx
+    import optcore
+
+    model = nnx.Linear(3, 2, rngs=nnx.Rngs(0))
+    opt_def = optcore.ema(optcore.with_statistics(optcore.sgd(0.5)), decay=0.5)
+    optimizer = nnx.Optimizer(model, opt_def.as_optax(), wrt=nnx.Param)
+    before = model.kernel[...]
+    grads = nnx.grad(lambda m: jnp.sum(m(jnp.ones((1, 3)))))(model)
+    optimizer.update(model, grads)
+    assert "optcore_flax" not in sys.modules
+    stats = optcore.statistics(optimizer.opt_state, optimizer_def=opt_def)
+    average = optcore.ema_params(optimizer.opt_state, optimizer_def=opt_def)
+    rates = optcore.current_hyper_params(optimizer.opt_state, optimizer_def=opt_def)
+    # sgd(0.5) on a gradient of ones: each kernel entry moves 0.5, the norm of 6 of them
+    print(float(stats["kernel/grad_norm"]), float(stats["kernel/update_norm"]))
+    print(float(jnp.max(jnp.abs(average["kernel"] - (before + model.kernel[...]) / 2))))
+    print(float(rates["learning_rate"]))
+    """
+  )
+  result = subprocess.run(
+    [sys.executable, "-W", "ignore", "-c", program], capture_output=True, text=True, check=False
+  )
+  assert result.returncode == 0, result.stderr[-3000:]
+  norms, distance, rate = result.stdout.split("\n")[:3]
+  grad_norm, update_norm = map(float, norms.split())
+  assert grad_norm == pytest.approx(6**0.5, rel=1e-6)
+  assert update_norm == pytest.approx(0.5 * 6**0.5, rel=1e-6)
+  assert float(distance) == 0.0 and float(rate) == 0.5
+
+
 @pytest.mark.parametrize(
   "opt_def",
   [

@@ -148,7 +148,7 @@ class LowBitStateDef(StateWrapper):
     elif self.states is not None and not any(
       paths.state_path_search(self.states, keys) for keys, _ in keyed
     ):
-      shown = ", ".join(repr(p) for p, _ in leaves[:6]) + (", ..." if len(leaves) > 6 else "")
+      shown = paths.some_paths([p for p, _ in leaves])
       why = f"states={self.states!r} matches no state leaf; the state's paths are {shown}"
       fix = "pass a pattern that one of them matches"
     else:

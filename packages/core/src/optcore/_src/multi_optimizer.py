@@ -172,8 +172,11 @@ class MultiOptimizer(OptimizerDef):
     for i, picks in enumerate(flat):
       if not any(picks):
         warn(
-          f"MultiOptimizer: selector {i} ({self.traversals[i]!r}) matches no parameter; its "
-          f"optimizer {self.sub_optimizers[i]!r} will do nothing.",
+          f"MultiOptimizer: selector {i} ({self.traversals[i]!r}) matches no parameter, so "
+          f"its optimizer {self.sub_optimizers[i]!r} will do nothing and those parameters "
+          f"stay as they are; the parameters' paths are {paths.some_paths(leaf_paths)}. To fix: "
+          "give a selector one of them matches (a regex such as r'(kernel|weight)$' reads "
+          "Flax's and Equinox's names alike).",
         )
       for path, picked in zip(leaf_paths, picks, strict=True):
         if picked and path in taken:

@@ -305,6 +305,7 @@ def wrap_optax_optimizer(
   name: str | None = None,
   *,
   definition_class: type[OptaxWrapper] | None = None,
+  validate: Callable[[Mapping[str, Any]], None] | None = None,
 ) -> Callable[_Arguments, OptaxWrapper]:
   """Turns an optax optimizer factory into an `OptaxWrapper` factory.
 
@@ -317,6 +318,9 @@ def wrap_optax_optimizer(
     name: the name shown in errors and reprs; defaults to the factory's.
     definition_class: the `OptaxWrapper` subclass to build (an adapter's own
       face, e.g. T5X's); default `OptaxWrapper`.
+    validate: called with the bound arguments (defaults applied) when a
+      definition is made; it raises for a wrong one, so the error comes at
+      construction instead of at the first step.
 
   Returns:
     A factory with ``optax_optimizer``'s signature returning `OptaxWrapper` definitions.
@@ -349,8 +353,10 @@ def wrap_optax_optimizer(
     try:
       bound = signature.bind(*args, **kwargs)
     except TypeError as e:
-      raise TypeError(f"{name}(): {_argument_message(e, kwargs, signature)}") from None
+      raise TypeError(f"{name}(): {_argument_message(e, kwargs, signature, name)}") from None
     bound.apply_defaults()
+    if validate is not None:
+      validate(bound.arguments)
     return cls(optax_optimizer, bound.arguments, name=name)
 
   try:
@@ -395,10 +401,22 @@ def _readable(signature: inspect.Signature) -> inspect.Signature:
   return signature.replace(parameters=parameters)
 
 
-def _argument_message(error: TypeError, kwargs: Mapping[str, Any], signature: Any) -> str:
+def _argument_message(
+  error: TypeError, kwargs: Mapping[str, Any], signature: Any, name: str = "factory"
+) -> str:
   """``error`` of binding a factory's arguments, naming optax's keyword for one another
   library uses (``lr`` -> ``learning_rate``)."""
   accepted = signature.parameters
+  positional = [
+    name
+    for name, p in accepted.items()
+    if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+  ]
+  if "too many positional" in str(error) and "Sequence" in str(accepted[positional[0]].annotation):
+    return (
+      f"{error}; it takes its {positional[0]} as one list: "
+      f"{name}([optax.clip_by_global_norm(1.0), optcore.adamw(1e-3)])"
+    )
   if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values()):
     return str(error)
   unknown = [k for k in kwargs if k not in accepted]
@@ -461,7 +479,35 @@ def _chain(transformations: Sequence[Any]) -> optax.GradientTransformationExtraA
   return optax.chain(*transformations)
 
 
-chain = wrap_optax_optimizer(_chain, name="chain")
+def _check_chain(arguments: Mapping[str, Any]) -> None:
+  """chain's members, checked when the definition is made: one list of transformations or
+  definitions, each named by its index where it is not one."""
+  members = arguments["transformations"]
+  if not isinstance(members, (list, tuple)) or hasattr(members, "_fields"):
+    raise TypeError(
+      f"chain(): transformations must be one list of optax transformations or optcore "
+      f"definitions, found {type(members).__name__} {members!r:.80}. To fix: wrap it in a list, "
+      "optcore.chain([optax.clip_by_global_norm(1.0), optcore.adamw(1e-3)])."
+    )
+  if not members:
+    raise ValueError(
+      "chain(): transformations is empty; give at least one, or use optcore.sgd(...) alone."
+    )
+  for i, member in enumerate(members):
+    if isinstance(member, OptimizerDef) or (hasattr(member, "init") and hasattr(member, "update")):
+      continue
+    fix = (
+      f" It is a factory: call it, as in optax.{getattr(member, '__name__', 'f')}(...)."
+      if callable(member)
+      else ""
+    )
+    raise TypeError(
+      f"chain(): transformations[{i}] is {member!r:.80}, neither an optax transformation (with "
+      f"init and update) nor an optcore definition.{fix}"
+    )
+
+
+chain = wrap_optax_optimizer(_chain, name="chain", validate=_check_chain)
 
 
 def _as_optax(value: Any) -> Any:

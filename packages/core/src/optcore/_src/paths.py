@@ -62,6 +62,13 @@ def path_str(keys: Sequence[KeyEntry], sep: str = "/") -> str:
   return sep + sep.join(key_name(k) for k in keys)
 
 
+def some_paths(paths: Sequence[str], limit: int = 6) -> str:
+  """The first ``limit`` of ``paths`` for a message, quoted, with '...' when there are more
+  (a selector that matches nothing is answered with the paths that exist)."""
+  shown = ", ".join(repr(path) for path in paths[:limit])
+  return shown + (f", ... ({len(paths)} in all)" if len(paths) > limit else "")
+
+
 def state_path_search(pattern: str, keys: Sequence[KeyEntry]) -> bool:
   """Whether ``pattern`` (a regex of `low_bit_state`'s ``states=`` or of ``state_memory_kind``)
   finds the state leaf at ``keys``: searched in its path as written (``param_states/inner/0/nu/w``)
@@ -213,6 +220,22 @@ def _is_unread_nnx_variable(node: Any) -> bool:
     and any(base.__name__ == "Variable" for base in kind.__mro__)
     and not (_HIDDEN_LEVELS and isinstance(node, _HIDDEN_LEVELS))
   )
+
+
+def read_nnx_variables(tree: Any) -> Any:
+  """``tree`` with each flax.nnx Variable (an ``OptState`` of Flax's own ``nnx.Optimizer``, a
+  Param) replaced by the array it holds, whether or not optcore_flax was imported: a read-out
+  of a state needs the arrays, not the boxes (by the Variable's type name: the core imports no
+  framework). A Variable holding a whole subtree is left as it is."""
+
+  def read(node: Any) -> Any:
+    if not (_is_unread_nnx_variable(node) or is_box(node)):
+      return node
+    leaves = jax.tree.leaves(node)
+    return leaves[0] if len(leaves) == 1 else node
+
+  is_variable = lambda node: _is_unread_nnx_variable(node) or is_box(node)
+  return jax.tree.map(read, tree, is_leaf=is_variable)
 
 
 def refuse_unread_nnx_variables(tree: Any) -> None:

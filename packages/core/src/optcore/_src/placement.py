@@ -100,9 +100,8 @@ def _warn_unmatched(rules: Any, placeable: list[tuple]) -> None:
   (scalars stay on the device): such a pattern places nothing and would say nothing."""
   for pattern, kind in rules:
     if not any(paths.state_path_search(pattern, keys) for keys in placeable):
-      written = [paths.path_str(keys)[1:] for keys in placeable[:6]]
-      shown = ", ".join(map(repr, written)) + (", ..." if len(placeable) > 6 else "")
-      shown = shown or "(none: scalars stay on the device)"
+      written = [paths.path_str(keys)[1:] for keys in placeable]
+      shown = paths.some_paths(written) or "(none: scalars stay on the device)"
       warn(
         f"state_memory_kind: the pattern {pattern!r} (-> {kind!r}) matches no state leaf, so "
         f"it places nothing; the state's paths are {shown}. "

@@ -52,7 +52,8 @@ def _source(source: Any, optimizer_def: OptimizerDef | None, name: str) -> tuple
       f"optcore.{name}: optimizer_def must be the optcore definition the state belongs to "
       f"(optcore.ema(optcore.adam(1e-3))); found {optimizer_def!r}"
     )
-  return optimizer_def, paths.unbox(source), None
+  # Flax's own nnx.Optimizer keeps each array of its opt_state in an OptState Variable
+  return optimizer_def, paths.read_nnx_variables(source), None
 
 
 def ema_params(

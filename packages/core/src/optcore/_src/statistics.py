@@ -15,6 +15,7 @@ from jax.sharding import PartitionSpec
 
 from optcore._src.base import OptimizerDef
 from optcore._src.optimizer import OptimizerState
+from optcore._src.paths import some_paths
 from optcore._src.traversal import leaves_with_paths
 from optcore._src.user_warnings import warn
 from optcore._src.wrapper import StateWrapper
@@ -187,7 +188,7 @@ class WithStatistics(StateWrapper):
     empty = [name for name in names if name != GLOBAL and name not in assigned]
     if empty:
       named, _ = leaves_with_paths(params)
-      shown = ", ".join(repr(path) for path, _ in named[:6]) + (", ..." if len(named) > 6 else "")
+      shown = some_paths([path for path, _ in named])
       warn(
         f"with_statistics: {', '.join(f'group {g!r} ({self.groups[g]!r})' for g in empty)} "
         f"matches no parameter, so its lines will be zeros; the parameters' paths are {shown}. "
