@@ -128,3 +128,32 @@ def test_adapters_import_only_public_optcore_names():
         private += [(path.name, n) for n in names if n and n.startswith("optcore._src")]
   assert private == []
   assert len(list(ADAPTERS.glob("*_adapter/src/**/*.py"))) > 10  # the adapters were found
+
+
+def optimizer_modules() -> set[str]:
+  """The modules whose factory `optcore.contrib` wraps (``from optcore._src.soap import soap as
+  _soap``, then ``soap = _wrap(_soap, ...)``): read from the export list, not kept by hand."""
+  tree = ast.parse((CORE / "contrib.py").read_text())
+  return {
+    node.module
+    for node in tree.body
+    if isinstance(node, ast.ImportFrom)
+    and node.module.startswith("optcore._src.")
+    and any(
+      a.asname == f"_{a.name}" and a.name == node.module.rsplit(".", 1)[1] for a in node.names
+    )
+  }
+
+
+def test_an_optimizer_module_is_imported_by_the_export_lists_alone():
+  """Issue 61: adding an optimizer touches its module and one export line; what several share
+  (SOAP's preconditioners, torch's lerp) lives in a shared module, never in one of them."""
+  optimizers = optimizer_modules()
+  assert {"optcore._src.soap", "optcore._src.shampoo", "optcore._src.dion"} <= optimizers
+  importers = {
+    (name, target)
+    for name, targets in graph().items()
+    for target in targets
+    if target in optimizers and "._src." in name
+  }
+  assert importers == set()

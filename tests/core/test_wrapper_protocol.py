@@ -14,7 +14,7 @@ import pytest
 
 import optcore
 from optcore import legacy
-from optcore._src.wrapper import ParamShaped, StateWrapper
+from optcore._src.wrapper import StateWrapper
 
 WRAPPERS = {
   "accumulate": lambda d: optcore.accumulate(d, every=2),
@@ -255,15 +255,16 @@ def test_each_wrappers_own_fields_take_the_axes_its_state_type_declares():
 class HalfState(NamedTuple):
   """A state type whose ``count`` does not say how its axes follow the parameters'."""
 
-  inner: object
-  total: ParamShaped
+  inner: optcore.Nested
+  total: optcore.ParamShaped
   count: object
 
 
 def test_a_state_type_must_declare_the_axes_of_each_field():
   """A wrapper's state type says, field by field, how its axes follow the parameters'; one
   field without that declaration refuses the wrapper class where it is defined."""
-  with pytest.raises(TypeError, match=r"HalfState.count declares no logical axes: annotate it"):
+  with pytest.raises(optcore.UndeclaredStateError, match=r"(?s)HalfState.count declares nothing: "
+                     r"annotate each field.*count: optcore.ParamShaped"):  # fmt: skip
 
     class Half(StateWrapper):  # no name: not registered
       state_type = HalfState

@@ -1,6 +1,7 @@
-"""The optimizers of issue 51 on the 8-device mesh: their state split by ZeRO-1 over 'data'
-beside the parameters' own axes, then all of it in pinned host memory, and the numbers those
-of one device.
+"""The optimizers of issue 51, and one written outside optcore whose state only declares its
+fields (issue 61: `tests/support/user_optimizer.py`), on the 8-device mesh: their state split by
+ZeRO-1 over 'data' beside the parameters' own axes, then all of it in pinned host memory, and the
+numbers those of one device.
 
 Tolerance (measured): the sharded runs sum in another order (global norms, per-matrix norms,
 the mask's mean, Newton-Schulz and QR products over split rows); the largest distance from one
@@ -17,6 +18,7 @@ import pytest
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 from sharding_setup import grads_at
+from user_optimizer import SlowAdam
 
 import optcore
 
@@ -36,6 +38,7 @@ OPTIMIZERS = {
   ),
   "cautious": lambda axes: optcore.cautious(optcore.adamw(1e-2, weight_decay=0.1)),
   "zclip": lambda axes: optcore.zclip(optcore.adamw(1e-2), warmup_steps=2),
+  "user-slow-adam": lambda axes: SlowAdam(1e-2, every=2),
 }
 ATOL = 1e-6  # 8 x the largest measured distance (1.2e-7), on every instruction set tried
 

@@ -51,15 +51,19 @@ class Block:
   line: int  # of the block's first line of code
   name: str | None
   source: str
+  #: the page's earlier blocks, run first, where the page reads as one session
+  #: (`SESSION_MARK`: a tutorial whose blocks build on each other)
+  before: tuple[str, ...] = ()
 
   @property
   def variant(self) -> str | None:
+    source = "\n".join([*self.before, self.source])
     found = {
       variant
       for variant, modules in FRAMEWORKS.items()
-      if any(re.search(rf"^\s*(import|from)\s+{m}\b", self.source, re.M) for m in modules)
+      if any(re.search(rf"^\s*(import|from)\s+{m}\b", source, re.M) for m in modules)
     }
-    if len(found) > 1 or re.search(r"^\s*(import|from)\s+orbax\b", self.source, re.M):
+    if len(found) > 1 or re.search(r"^\s*(import|from)\s+orbax\b", source, re.M):
       return "all"
     return found.pop() if found else None
 
@@ -74,8 +78,14 @@ def pages() -> list[Path]:
   return [ROOT / "README.md", *sorted(ROOT.glob("packages/*/README.md")), *found]
 
 
+#: A page that holds this line runs its blocks as one session, in order: each block's test runs
+#: the blocks before it first.
+SESSION_MARK = "<!-- doc-blocks: one session -->"
+
+
 def _blocks_of(page: Path) -> list[Block]:
   text = page.read_text()
+  session = SESSION_MARK in text
   blocks = []
   for match in FENCE.finditer(text):
     indent = len(match["indent"])
@@ -90,7 +100,8 @@ def _blocks_of(page: Path) -> list[Block]:
     first = text.count("\n", 0, match.start("body")) + 1
     first += len(match["body"].splitlines()) - len(lines)
     source = "\n".join(lines) + "\n"
-    blocks.append(Block(str(page.relative_to(ROOT)), first, name, source))
+    before = tuple(b.source for b in blocks) if session else ()
+    blocks.append(Block(str(page.relative_to(ROOT)), first, name, source, before))
   return blocks
 
 
@@ -112,9 +123,13 @@ def run_block(block: Block) -> dict:
   """Runs ``block`` as a reader runs it (JAX's defaults: the suite raises on rank promotion);
   returns its namespace. Tracebacks point at the page's lines."""
   namespace: dict = {"__name__": "__doc_block__"}
-  code = compile("\n" * (block.line - 1) + block.source, str(ROOT / block.page), "exec")
   with jax.numpy_rank_promotion("allow"):
-    exec(code, namespace)
+    for earlier in block.before:
+      exec(compile(earlier, f"{ROOT / block.page} (an earlier block)", "exec", dont_inherit=True),
+           namespace)  # fmt: skip
+    # dont_inherit: this module's `from __future__ import annotations` is not the reader's
+    source = "\n" * (block.line - 1) + block.source
+    exec(compile(source, str(ROOT / block.page), "exec", dont_inherit=True), namespace)
   return namespace
 
 

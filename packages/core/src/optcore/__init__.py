@@ -17,6 +17,7 @@ Example:
 """
 
 import sys as _sys
+import warnings as _warnings
 from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
 from importlib.metadata import version as _version
 
@@ -40,6 +41,14 @@ from optcore._src.cautious import cautious as cautious
 from optcore._src.checks import MissingHyperParameterError as MissingHyperParameterError
 from optcore._src.checks import TreeMismatchError as TreeMismatchError
 from optcore._src.checks import check_gradients as check_gradients
+from optcore._src.declarations import FirstMoment as FirstMoment
+from optcore._src.declarations import Nested as Nested
+from optcore._src.declarations import ParamShaped as ParamShaped
+from optcore._src.declarations import Replicated as Replicated
+from optcore._src.declarations import SecondMoment as SecondMoment
+from optcore._src.declarations import UndeclaredStateError as UndeclaredStateError
+from optcore._src.declarations import declare_state as declare_state
+from optcore._src.declarations import declared_fields as declared_fields
 from optcore._src.ema import Ema as Ema
 from optcore._src.ema import EmaState as EmaState
 from optcore._src.ema import ema as ema
@@ -49,7 +58,7 @@ from optcore._src.grouped import UngroupableError as UngroupableError
 from optcore._src.grouped import grouped as grouped
 from optcore._src.grouped_layout import GroupedParams as GroupedParams
 from optcore._src.hyper_params import HyperParams as HyperParams
-from optcore._src.low_bit import SECOND_MOMENTS as SECOND_MOMENTS
+from optcore._src.low_bit import SECOND_MOMENTS as _SECOND_MOMENTS
 from optcore._src.low_bit import LowBitState as LowBitState
 from optcore._src.low_bit import LowBitStateDef as LowBitStateDef
 from optcore._src.low_bit import low_bit_state as low_bit_state
@@ -144,7 +153,16 @@ except _PackageNotFoundError:  # running from a source tree that is not installe
 
 
 def __getattr__(name: str):
-  """Points optax names that optcore does not wrap at the right place."""
+  """Points optax names that optcore does not wrap at the right place; deprecated names warn."""
+  if name == "SECOND_MOMENTS":
+    _warnings.warn(
+      "optcore.SECOND_MOMENTS is deprecated and read by nothing: a state type declares its "
+      "second moments on its fields (optcore.SecondMoment); optcore.declared_fields(type) "
+      "reads them",
+      DeprecationWarning,
+      stacklevel=2,
+    )
+    return _SECOND_MOMENTS
   if name in _CONTRIB_OPTIMIZERS:
     raise AttributeError(
       f"optcore has no {name!r}: it is in optax.contrib, use optcore.contrib.{name}"
@@ -164,13 +182,13 @@ def __getattr__(name: str):
 __all__ = [
   "ELEMENTWISE_OPTAX",
   "OPTAX_ALIASES",
-  "SECOND_MOMENTS",
   "Accumulate",
   "AccumulateState",
   "Cautious",
   "CautiousState",
   "Ema",
   "EmaState",
+  "FirstMoment",
   "GroupNorms",
   "Grouped",
   "GroupedOptimizer",
@@ -183,14 +201,18 @@ __all__ = [
   "MixedPrecisionState",
   "ModelParamTraversal",
   "MultiOptimizer",
+  "Nested",
   "OptaxStatePartitionRules",
   "OptaxWrapper",
   "Optimizer",
   "OptimizerDef",
   "OptimizerState",
+  "ParamShaped",
   "PartitionRuleError",
   "Placement",
   "QuantizedArray",
+  "Replicated",
+  "SecondMoment",
   "SelectorError",
   "SkipBadSteps",
   "SkipState",
@@ -201,6 +223,7 @@ __all__ = [
   "TransplantEntry",
   "TransplantReport",
   "TreeMismatchError",
+  "UndeclaredStateError",
   "UngroupableError",
   "WithStatistics",
   "ZClip",
@@ -223,6 +246,8 @@ __all__ = [
   "config",
   "contrib",
   "current_hyper_params",
+  "declare_state",
+  "declared_fields",
   "dequantize_state",
   "derive_optax_logical_axes",
   "ema",

@@ -24,6 +24,7 @@ from optcore._src.dion import dion as _dion
 from optcore._src.mars import MarsState as MarsState
 from optcore._src.mars import mars as _mars
 from optcore._src.matrix_axes import muon_with_axes as _muon_with_axes
+from optcore._src.matrix_state import Preconditioners as Preconditioners
 from optcore._src.normuon import NorMuonState as NorMuonState
 from optcore._src.normuon import normuon as _normuon
 from optcore._src.optax_wrapper import wrap_optax_optimizer as _wrap
@@ -32,7 +33,6 @@ from optcore._src.shampoo import GraftingType as GraftingType
 from optcore._src.shampoo import PreconditionerType as PreconditionerType
 from optcore._src.shampoo import ShampooState as ShampooState
 from optcore._src.shampoo import shampoo as _shampoo
-from optcore._src.soap import Preconditioners as Preconditioners
 from optcore._src.soap import SoapState as SoapState
 from optcore._src.soap import soap as _soap
 

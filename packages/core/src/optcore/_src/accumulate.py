@@ -16,7 +16,14 @@ from optcore._src.checks import check_float_params
 from optcore._src.optax_wrapper import OptaxWrapper
 from optcore._src.optimizer import OptimizerState
 from optcore._src.serialization import StateDictError
-from optcore._src.wrapper import REQUIRED, ParamShaped, Replicated, StateWrapper, floating_dtype
+from optcore._src.wrapper import (
+  REQUIRED,
+  Nested,
+  ParamShaped,
+  Replicated,
+  StateWrapper,
+  floating_dtype,
+)
 
 PyTree = Any
 
@@ -32,7 +39,7 @@ class AccumulateState(NamedTuple):
       ``every - 1``).
   """
 
-  inner: PyTree
+  inner: Nested
   accumulated: ParamShaped
   mini_step: Replicated
 

@@ -29,6 +29,7 @@ from jax.sharding import PartitionSpec
 from optcore._src import paths
 from optcore._src.base import OptimizerDef
 from optcore._src.checks import check_float_params, check_learning_rate
+from optcore._src.declarations import FirstMoment, SecondMoment
 from optcore._src.factoring import FactorRules, HParamMap, t5x_path
 from optcore._src.hyper_params import HyperParams, at_step
 from optcore._src.optimizer import OptimizerState
@@ -42,10 +43,10 @@ class AdafactorParamState(NamedTuple):
   second moment where not factored, and the momentum; unused ones are float32 ``zeros((1,))``.
   """
 
-  v_row: jax.Array
-  v_col: jax.Array
-  v: jax.Array
-  m: jax.Array
+  v_row: SecondMoment
+  v_col: SecondMoment
+  v: SecondMoment
+  m: FirstMoment
 
 
 _UNUSED = (1,)  # flax.optim and T5X keep unused accumulators as float32 zeros((1,))

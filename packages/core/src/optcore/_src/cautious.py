@@ -15,7 +15,7 @@ from optcore._src.base import OptimizerDef
 from optcore._src.checks import check_float_params
 from optcore._src.hyper_params import HyperParams
 from optcore._src.optimizer import OptimizerState
-from optcore._src.wrapper import StateWrapper, one_of
+from optcore._src.wrapper import Nested, StateWrapper, one_of
 
 PyTree = Any
 
@@ -35,7 +35,7 @@ class CautiousState(NamedTuple):
     inner: the wrapped definition's ``param_states`` (the mask keeps nothing of its own).
   """
 
-  inner: PyTree
+  inner: Nested
 
 
 def cautious_mask(updates: PyTree, grads: PyTree, normalization: str = "mean") -> PyTree:

@@ -29,11 +29,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from optcore._src import optax_rules
 from optcore._src.checks import require_params
+from optcore._src.declarations import FirstMoment, Replicated, SecondMoment
 from optcore._src.hyper_params import value_at
 from optcore._src.matrix_axes import check_rules_with_axes, matrix_layouts, on_copies
-from optcore._src.soap import _lerp
+from optcore._src.matrix_state import lerp
 
 PyTree = Any
 
@@ -53,11 +53,11 @@ class DionState(NamedTuple):
     key: the random key of the next step's sketches (``'rcqr'``, ``'cqr'``).
   """
 
-  count: jax.Array
-  momentum: PyTree
-  variance: PyTree
-  q: PyTree
-  key: jax.Array
+  count: Replicated
+  momentum: FirstMoment
+  variance: SecondMoment
+  q: Replicated
+  key: Replicated
 
 
 def rank_of(rows: int, cols: int, rank_fraction: float, rank_multiple_of: int) -> int:
@@ -272,10 +272,10 @@ def dion(
 
   def scalar_step(g, m, v, p, lr, count):
     if scalar_algorithm == "lion":
-      u = jnp.sign(_lerp(m, g, 1 - b1))
-      m = _lerp(m, g, 1 - b2)
+      u = jnp.sign(lerp(m, g, 1 - b1))
+      m = lerp(m, g, 1 - b2)
       return -(lr * weight_decay) * p - lr * u, m, v
-    m = _lerp(m, g, 1 - b1)
+    m = lerp(m, g, 1 - b1)
     v = v * b2 + (1 - b2) * g * g
     t = count.astype(jnp.float32)
     denom = jnp.sqrt(v) / jnp.sqrt(1 - b2**t) + epsilon
@@ -323,14 +323,5 @@ def _check_settings(**settings: Any) -> None:
     if not ok:
       raise ValueError(f"dion: {name} must be {expected}; got {settings[name]!r}.")
 
-
-optax_rules.fields(
-  DionState,
-  count=optax_rules.R,
-  momentum=optax_rules.P,
-  variance=optax_rules.P,  # a scalar at a matrix: replicated
-  q=optax_rules.R,
-  key=optax_rules.R,
-)
 
 __all__ = ["DionState", "dion", "orthonormalize", "rank_of"]

@@ -13,7 +13,7 @@ from optcore._src import placement
 from optcore._src.base import OptimizerDef
 from optcore._src.checks import check_float_params
 from optcore._src.optimizer import OptimizerState
-from optcore._src.wrapper import ParamShaped, Replicated, StateWrapper, floating_dtype
+from optcore._src.wrapper import Nested, ParamShaped, Replicated, StateWrapper, floating_dtype
 
 PyTree = Any
 
@@ -27,7 +27,7 @@ class EmaState(NamedTuple):
     count: int32, the updates averaged so far.
   """
 
-  inner: PyTree
+  inner: Nested
   ema: ParamShaped
   count: Replicated
 

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from optcore._src.base import OptimizerDef
+from optcore._src.declarations import FirstMoment, SecondMoment
 from optcore._src.hyper_params import HyperParams
 
 PyTree = Any
@@ -25,20 +26,20 @@ PyTree = Any
 class MomentumParamState(NamedTuple):
   """flax.optim's Momentum and LARS state of one parameter: the velocity."""
 
-  momentum: jax.Array
+  momentum: FirstMoment
 
 
 class AdamParamState(NamedTuple):
   """flax.optim's Adam, AdaBelief and LAMB state of one parameter: the first and second moments."""
 
-  grad_ema: jax.Array
-  grad_sq_ema: jax.Array
+  grad_ema: FirstMoment
+  grad_sq_ema: SecondMoment
 
 
 class AdagradParamState(NamedTuple):
   """flax.optim's Adagrad state of one parameter: the sum of squared gradients."""
 
-  G: jax.Array
+  G: SecondMoment
 
 
 class RMSPropParamState(NamedTuple):
@@ -46,15 +47,15 @@ class RMSPropParamState(NamedTuple):
   centered (else None).
   """
 
-  v: jax.Array
-  mg: jax.Array | None
+  v: SecondMoment
+  mg: FirstMoment  # None unless centered
 
 
 class AdadeltaParamState(NamedTuple):
   """flax.optim's Adadelta state of one parameter: running squares of gradients and updates."""
 
-  sq_avg: jax.Array
-  acc_delta: jax.Array
+  sq_avg: SecondMoment
+  acc_delta: SecondMoment
 
 
 def _bias_correction(beta: Any, step: jax.Array, dtype: Any) -> jax.Array:

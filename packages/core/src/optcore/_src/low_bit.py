@@ -3,6 +3,7 @@ between steps (one wrapper of the wrapper protocol, `optcore._src.wrapper`)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, ClassVar, NamedTuple
 
@@ -11,9 +12,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from optcore._src import paths
+from optcore._src import declarations, paths
 from optcore._src.base import OptimizerDef
 from optcore._src.checks import check_regex
+from optcore._src.declarations import Role, UndeclaredStateError
 from optcore._src.optimizer import OptimizerState
 from optcore._src.quantization import (
   QuantizedArray,
@@ -24,42 +26,25 @@ from optcore._src.quantization import (
   requantize_like,
 )
 from optcore._src.user_warnings import warn
-from optcore._src.wrapper import StateWrapper, init_in_one_program, map_optimizer_leaves_with_path
+from optcore._src.wrapper import (
+  Nested,
+  StateWrapper,
+  init_in_one_program,
+  map_optimizer_leaves_with_path,
+)
 
 PyTree = Any
 
-#: State fields that hold a second moment (non-negative: the unsigned map): optax's ``nu``
-#: (adam, rmsprop, belief, amsgrad), ``nu_max``, ``sum_of_squares`` (adagrad), the legacy
-#: algorithms' ``grad_sq_ema`` (Adam, LAMB), ``v`` (RMSProp, Adafactor), ``G`` (Adagrad),
-#: and adadelta's ``e_g``/``e_x``. Every other field is quantized with the signed map.
-#: State fields that hold no moment, which `low_bit_state` leaves in their dtype unless its
-#: ``states=`` names them: a copy of the parameters (schedule-free's ``z``, lookahead's
-#: ``slow_params``: quantized, the parameters themselves would move by the rounding, 50% off
-#: the float run after 6 steps) or a preconditioner's statistics and bases (SOAP's ``gg`` and
-#: ``q``, Shampoo's ``statistics`` and ``preconditioners``: 8.4% off for SOAP).
-NOT_MOMENTS = frozenset(
-  {"z", "slow_params", "gg", "q", "statistics", "preconditioners", "last_grad"}
-)
-
+#: Deprecated: which fields are moments is declared on each state type
+#: (`optcore.FirstMoment`, `optcore.SecondMoment`; `optcore.declared_fields`), never read from
+#: a name. This is the set of names that optax's and optcore's states declare second moments
+#: under, kept for programs that imported it; nothing in optcore reads it.
 SECOND_MOMENTS = frozenset(
   {
-    "nu",
-    "nu_max",
-    "sum_of_squares",
-    "grad_sq_ema",
-    "v",
-    "v_row",
-    "v_col",
-    "G",
-    "e_g",
-    "e_x",
-    "exp_avg_sq",  # SOAP's, Prodigy's, D-Adaptation's, MoMo-Adam's, MARS'
-    "max_exp_avg_sq",  # MARS' amsgrad
-    "second_momentum",  # NorMuon's (per row; its auxiliary Adam's exp_avg_sq)
-    "variance",  # Dion's AdamW
-    "diagonal_statistics",  # Shampoo's AdaGrad and RMSProp grafts
+    "nu", "nu_max", "sum_of_squares", "grad_sq_ema", "v", "v_row", "v_col", "G", "e_g", "e_x",
+    "exp_avg_sq", "max_exp_avg_sq", "second_momentum", "variance", "diagonal_statistics",
   }
-)
+)  # fmt: skip
 
 #: Leaves smaller than this stay in their own dtype (bitsandbytes' ``min_8bit_size``): a
 #: small tensor gains little, and its scales would cost more than its codes save.
@@ -74,11 +59,7 @@ class LowBitState(NamedTuple):
       (codes and scales; ``.dequantize()`` reads its values).
   """
 
-  inner: PyTree
-
-
-def _field_names(keys: tuple) -> list[str]:
-  return [k.name for k in keys if isinstance(k, jax.tree_util.GetAttrKey)]
+  inner: Nested
 
 
 class LowBitStateDef(StateWrapper):
@@ -115,26 +96,45 @@ class LowBitStateDef(StateWrapper):
 
   twice_hint = "quantize once (a state is stored in one format)"
 
-  def chooses(self, keys: tuple, leaf: Any) -> bool:
-    """Whether the state leaf at ``keys`` is stored quantized: a real floating array, not a
-    scalar, of at least ``min_size`` elements (at 4 bits also a multiple of the block,
-    torchao's rule) whose path ``states`` matches (every moment for None)."""
-    if not hasattr(leaf, "dtype") or not jnp.issubdtype(leaf.dtype, jnp.floating):
+  def chooses(self, keys: tuple, leaf: Any, role: Role | None) -> bool:
+    """Whether the state leaf at ``keys`` (declared ``role``) is stored quantized: a real
+    floating array, not a scalar, of at least ``min_size`` elements (at 4 bits also a multiple
+    of the block, torchao's rule) whose path ``states`` matches; for None, a declared moment
+    (`optcore.FirstMoment`, `optcore.SecondMoment`): a copy of the parameters, a last gradient
+    or a basis (`optcore.ParamShaped`) stays as it is."""
+    if not _floating_array(leaf):
       return False
     size = int(np.prod(np.shape(leaf)))
-    if size < max(self.min_size, 1) or not np.shape(leaf):
+    if size < max(self.min_size, 1):
       return False  # a scalar (schedule-free's b1 and weight_sum) is no moment, and one block
     if self.bits == 4 and size % check_block_size(4, self.block_size):
       return False
-    if self.states is None:  # moments only: a copy of the parameters or a basis stays as it is
-      return not set(_field_names(keys)) & NOT_MOMENTS
+    if self.states is None:
+      return role is not None and role.is_moment
     return paths.state_path_search(self.states, keys)
 
-  def warn_if_nothing_chosen(self, param_states: PyTree) -> None:
+  def refuse_undeclared(self, param_states: PyTree, roles: Mapping[tuple, Role]) -> None:
+    """With ``states=None`` every floating state leaf must say what it is: an undeclared one
+    could be a moment or a copy of the parameters (quantized, those would move by the
+    rounding), so it is refused, naming it and the fix."""
+    if self.states is not None:
+      return
+    for keys, leaf in _keyed_leaves(param_states):
+      if keys not in roles and _floating_array(leaf):
+        raise UndeclaredStateError(
+          f"low_bit_state({self.optimizer_def!r}) cannot tell what the state leaf "
+          f"'{state_path(keys)}' holds: no state type around it declares its fields. Annotate "
+          "the state type's fields (optcore.FirstMoment, optcore.SecondMoment, "
+          "optcore.ParamShaped, optcore.Replicated), declare them for a type you cannot edit "
+          "(optcore.declare_state), or name the leaves to quantize: low_bit_state(..., "
+          "states='<regex of their paths>')."
+        )
+
+  def warn_if_nothing_chosen(self, param_states: PyTree, roles: Mapping[tuple, Role]) -> None:
     """Warns, saying why, where no leaf of the wrapped definition's state is chosen: then
     this wrapper would store nothing in low bits and say nothing."""
     keyed = _keyed_leaves(param_states)
-    if any(self.chooses(keys, leaf) for keys, leaf in keyed):
+    if any(self.chooses(keys, leaf, roles.get(keys)) for keys, leaf in keyed):
       return
     leaves = [
       (state_path(keys), int(np.prod(np.shape(leaf))))
@@ -161,22 +161,28 @@ class LowBitStateDef(StateWrapper):
       fix = f"lower min_size (min_size={largest} quantizes the largest)"
     warn(f"{name} quantizes nothing: {why}; the state stays in its own dtype. To fix: {fix}.")
 
-  def _quantize(self, keys: tuple, leaf: Any) -> QuantizedArray:
-    signed = not (set(_field_names(keys)) & SECOND_MOMENTS)
+  def _quantize(self, leaf: Any, role: Role | None) -> QuantizedArray:
+    signed = role is None or role.moment != "second"  # the unsigned map: a SecondMoment's
     return QuantizedArray.quantize(
       leaf, bits=self.bits, signed=signed, block_size=self.block_size, rounding=self.rounding
     )
 
   def quantize_state(self, param_states: PyTree) -> PyTree:
-    """``param_states`` (the wrapped definition's) with each chosen leaf quantized."""
-    return map_optimizer_leaves_with_path(
-      lambda keys, x: self._quantize(keys, x) if self.chooses(keys, x) else x, param_states
-    )
+    """``param_states`` (the wrapped definition's) with each chosen leaf quantized, with the
+    map its declared role asks for."""
+    roles = declarations.leaf_roles(param_states, is_leaf=is_quantized)
+    self.refuse_undeclared(param_states, roles)
+    self.warn_if_nothing_chosen(param_states, roles)
+
+    def store(keys: tuple, leaf: Any) -> Any:
+      role = roles.get(keys)
+      return self._quantize(leaf, role) if self.chooses(keys, leaf, role) else leaf
+
+    return map_optimizer_leaves_with_path(store, param_states)
 
   def init_state(self, params: PyTree) -> OptimizerState:
     def init(params: PyTree) -> OptimizerState:
       inner = self.optimizer_def.init_state(params)
-      self.warn_if_nothing_chosen(inner.param_states)
       return OptimizerState(inner.step, LowBitState(self.quantize_state(inner.param_states)))
 
     return init_in_one_program(init, params)
@@ -220,6 +226,13 @@ class LowBitStateDef(StateWrapper):
       for leaf, spec in zip(leaves, treedef.flatten_up_to(axes), strict=True)
     ]
     return LowBitState(treedef.unflatten(out))
+
+
+def _floating_array(leaf: Any) -> bool:
+  """A real floating array of at least one dimension: what a moment can be."""
+  return (
+    hasattr(leaf, "dtype") and jnp.issubdtype(leaf.dtype, jnp.floating) and bool(np.shape(leaf))
+  )
 
 
 def _keyed_leaves(param_states: PyTree) -> list[tuple[tuple, Any]]:
@@ -267,7 +280,7 @@ def low_bit_state(
   The method and its constants are the published ones (Dettmers et al. 2022; bitsandbytes'
   8-bit optimizers; torchao's 4-bit ones, after Li et al. 2023): blocks of 256 at 8 bits and
   128 at 4; bitsandbytes' dynamic map, signed for a first moment and unsigned for a second
-  (a field named in `SECOND_MOMENTS`), at 8 bits; torchao's 4-bit signed dynamic map and its
+  (a field declared `optcore.SecondMoment`), at 8 bits; torchao's 4-bit signed dynamic map and its
   linear unsigned map without zero at 4; leaves under 4096 values stay as they are (at 4
   bits also those whose size is no multiple of the block, torchao's rule; at 8 bits the last
   block is padded, as bitsandbytes does).
@@ -282,8 +295,10 @@ def low_bit_state(
       4.
     states: a regular expression searched in each state leaf's path (`state_path`:
       ``'0/nu/dense/kernel'`` for adam's second moment of ``dense/kernel``) choosing
-      the leaves to quantize, e.g. ``'nu'``; None for every moment (`NOT_MOMENTS`: a copy of
-      the parameters or a preconditioner's basis stays as it is unless a pattern names it).
+      the leaves to quantize, e.g. ``'nu'``; None for every declared moment
+      (`optcore.FirstMoment`, `optcore.SecondMoment`: a copy of the parameters or a
+      preconditioner's basis, `optcore.ParamShaped`, stays as it is unless a pattern names
+      it).
     min_size: leaves of fewer values stay in their own dtype.
     rounding: how a value becomes a code: "nearest" (the published method, bitsandbytes on
       CUDA, torchao) or "bitsandbytes_cpu" (bitsandbytes' CPU backend, which rounds through a

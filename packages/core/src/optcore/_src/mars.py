@@ -22,8 +22,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from optcore._src import optax_rules
 from optcore._src.checks import require_params
+from optcore._src.declarations import FirstMoment, ParamShaped, Replicated, SecondMoment
 from optcore._src.hyper_params import value_at
 
 PyTree = Any
@@ -42,11 +42,11 @@ class MarsState(NamedTuple):
     last_grad: the gradient of the last step (the approximate form's ``g_prev``).
   """
 
-  count: jax.Array
-  exp_avg: PyTree
-  exp_avg_sq: PyTree
-  max_exp_avg_sq: PyTree
-  last_grad: PyTree
+  count: Replicated
+  exp_avg: FirstMoment
+  exp_avg_sq: SecondMoment
+  max_exp_avg_sq: SecondMoment
+  last_grad: ParamShaped
 
 
 def mars(
@@ -171,10 +171,5 @@ def mars(
 
   return optax.GradientTransformation(init_fn, update_fn)
 
-
-optax_rules.fields(
-  MarsState, count=optax_rules.R, exp_avg=optax_rules.P, exp_avg_sq=optax_rules.P,
-  max_exp_avg_sq=optax_rules.P, last_grad=optax_rules.P,
-)  # fmt: skip
 
 __all__ = ["MarsState", "mars"]

@@ -14,6 +14,7 @@ from optcore._src.base import OptimizerDef
 from optcore._src.checks import check_float_params
 from optcore._src.optimizer import OptimizerState
 from optcore._src.wrapper import (
+  Nested,
   ParamShaped,
   StateWrapper,
   floating_dtype,
@@ -34,7 +35,7 @@ class MixedPrecisionState(NamedTuple):
       parameter narrower than ``master_dtype``; None for the others.
   """
 
-  inner: PyTree
+  inner: Nested
   master: ParamShaped
 
 

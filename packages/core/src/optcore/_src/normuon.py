@@ -17,19 +17,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Annotated, Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 from jax.sharding import PartitionSpec
 
-from optcore._src import optax_rules
 from optcore._src import partition_rules as pr
 from optcore._src.checks import require_params
+from optcore._src.declarations import SECOND_MOMENT, FirstMoment, Replicated
 from optcore._src.hyper_params import value_at
 from optcore._src.matrix_axes import check_rules_with_axes, matrix_layouts
-from optcore._src.soap import _lerp
+from optcore._src.matrix_state import lerp
 
 PyTree = Any
 
@@ -46,9 +46,9 @@ class NorMuonState(NamedTuple):
       column dimension of size 1; the auxiliary Adam's ``exp_avg_sq`` (whole) on its leaves.
   """
 
-  count: jax.Array
-  momentum: PyTree
-  second_momentum: PyTree
+  count: Replicated
+  momentum: FirstMoment
+  second_momentum: Annotated[PyTree, SECOND_MOMENT.with_axes(_second_axes)]
 
 
 def newton_schulz5(g: jax.Array, steps: int = 5) -> jax.Array:
@@ -150,14 +150,14 @@ def normuon(
 
   def matrix_step(g, m, s, dims, p):
     batch, rows, cols = dims
-    m = _lerp(m, g, 1 - momentum)
-    u = _lerp(g, m, momentum)
+    m = lerp(m, g, 1 - momentum)
+    u = lerp(g, m, momentum)
     order = (*batch, rows, cols)
     back = tuple(order.index(d) for d in range(g.ndim))
     o = newton_schulz5(jnp.transpose(u, order))
     norm = jnp.linalg.norm(o, axis=(-2, -1), keepdims=True)
     s_moved = jnp.transpose(s, order)
-    s_moved = _lerp(s_moved, jnp.mean(o * o, axis=-1, keepdims=True), 1 - beta2)
+    s_moved = lerp(s_moved, jnp.mean(o * o, axis=-1, keepdims=True), 1 - beta2)
     o = o * (1 / (jnp.sqrt(s_moved) + 1e-10))
     o = o * (norm / (jnp.linalg.norm(o, axis=(-2, -1), keepdims=True) + 1e-10))
     o = o * math.sqrt(max(1, g.shape[rows] / g.shape[cols]))
@@ -177,8 +177,8 @@ def normuon(
         o, m, s = matrix_step(g, m, s, dims, p)
         out.append((-(lr * weight_decay) * p - lr * o, m, s))
         continue
-      m = _lerp(m, g, 1 - adam_b1)
-      s = _lerp(s, jnp.square(g), 1 - adam_b2)
+      m = lerp(m, g, 1 - adam_b1)
+      s = lerp(s, jnp.square(g), 1 - adam_b2)
       t = count.astype(jnp.float32)
       step = (m / (1 - adam_b1**t)) / (jnp.sqrt(s / (1 - adam_b2**t)) + adam_eps)
       out.append((-(adam_lr * adam_weight_decay) * p - adam_lr * step, m, s))
@@ -198,9 +198,5 @@ def _second_axes(field: PyTree, state: Any, params_axes: PyTree, params: PyTree)
 
   return pr.map_params(per_param, field, params_axes)
 
-
-optax_rules.fields(
-  NorMuonState, count=optax_rules.R, momentum=optax_rules.P, second_momentum=_second_axes
-)
 
 __all__ = ["NorMuonState", "newton_schulz5", "normuon"]

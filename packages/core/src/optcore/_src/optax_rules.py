@@ -21,44 +21,25 @@ import optax
 import optax.contrib
 from jax.sharding import PartitionSpec
 
+from optcore._src import declarations
 from optcore._src import partition_rules as pr
 
 P, R, N = "params", "replicated", "nested"
+#: A parameter-shaped moment (`optcore.FirstMoment`, `optcore.SecondMoment`): quantized by
+#: `low_bit_state` with the signed or the unsigned map, carried over by `transplant`'s roles.
+FM, SM = declarations.FIRST_MOMENT, declarations.SECOND_MOMENT
 FieldRule = Callable[[Any, Any, Any, Any], Any]  # (field, state, params_axes, params) -> axes
+field_rule = pr.field_rule
 
 
-def field_rule(kind: str | FieldRule) -> FieldRule:
-  """The rule one field's declared kind stands for: ``P`` (``"params"``) the parameters' axes,
-  ``R`` (``"replicated"``) none, ``N`` (``"nested"``) a nested optax state's own rule, or a
-  function ``(field, state, params_axes, params) -> axes`` as it is. The one vocabulary of
-  optax's state types (`fields`) and of every wrapper's state (`StateWrapper.field_axes`)."""
-  if kind == P:
-    return lambda field, state, axes, params: pr.like_params(field, axes)
-  if kind == R:
-    return lambda field, state, axes, params: pr.replicated(field)
-  if kind == N:
-    return lambda field, state, axes, params: pr.derive_normalized(field, axes, params)
-  return kind
-
-
-def fields(state_type: type | None, **kinds: str | FieldRule) -> None:
-  """Registers a rule for ``state_type`` from one kind per field (None: absent here)."""
+def fields(state_type: type | None, **kinds: Any) -> None:
+  """Declares ``state_type``'s fields (`declarations.declare_state`: ``P``, ``R``, ``N``,
+  ``FM``, ``SM``, or an axes rule) and registers the axes rule they give; None: the type is
+  absent in this optax."""
   if state_type is None:
     return
-  rules = {name: field_rule(kind) for name, kind in kinds.items()}
-
-  def rule(state, params_axes, params):
-    unknown = [f for f in state._fields if f not in rules]
-    if unknown:
-      raise pr.PartitionRuleError(
-        f"optcore's rule does not know the field(s) {unknown} (a newer optax?). Register a "
-        "rule for this type with optcore.register_state_rule."
-      )
-    return type(state)(
-      **{f: rules[f](getattr(state, f), state, params_axes, params) for f in state._fields}
-    )
-
-  pr.register_state_rule(state_type, rule)
+  declarations.declare_known(state_type, **kinds)
+  pr.register_state_rule(state_type, pr.declared_rule(declarations.declared_fields(state_type)))
 
 
 _HOMES = (
@@ -240,30 +221,31 @@ def _register_builtin() -> None:
   # Core transformations.
   fields(o.EmptyState)
   fields(o.MaskedNode)
-  fields(o.ScaleByAdamState, count=R, mu=P, nu=P)
-  fields(o.ScaleByAmsgradState, count=R, mu=P, nu=P, nu_max=P)
-  fields(o.ScaleByBeliefState, count=R, mu=P, nu=P)
-  fields(o.ScaleByNovogradState, count=R, mu=P, nu=P)
-  fields(o.ScaleByLionState, count=R, mu=P)
-  fields(o.ScaleByRmsState, nu=P)
-  fields(T("ScaleByRmsWithCountState"), count=R, nu=P)
-  fields(o.ScaleByRStdDevState, mu=P, nu=P)
-  fields(T("ScaleByRStdDevWithCountState"), count=R, mu=P, nu=P)
-  fields(o.ScaleByRssState, sum_of_squares=P)
-  fields(o.ScaleByAdaDeltaState, e_g=P, e_x=P)
-  fields(o.ScaleByAdanState, m=P, v=P, n=P, g=P, t=R)
-  fields(o.ScaleByRpropState, step_sizes=P, prev_updates=P)
+  fields(o.ScaleByAdamState, count=R, mu=FM, nu=SM)
+  fields(o.ScaleByAmsgradState, count=R, mu=FM, nu=SM, nu_max=SM)
+  fields(o.ScaleByBeliefState, count=R, mu=FM, nu=SM)
+  fields(o.ScaleByNovogradState, count=R, mu=FM, nu=SM)
+  fields(o.ScaleByLionState, count=R, mu=FM)
+  fields(o.ScaleByRmsState, nu=SM)
+  fields(T("ScaleByRmsWithCountState"), count=R, nu=SM)
+  fields(o.ScaleByRStdDevState, mu=FM, nu=SM)
+  fields(T("ScaleByRStdDevWithCountState"), count=R, mu=FM, nu=SM)
+  fields(o.ScaleByRssState, sum_of_squares=SM)
+  fields(o.ScaleByAdaDeltaState, e_g=SM, e_x=SM)
+  fields(o.ScaleByAdanState, m=FM, v=FM, n=SM, g=P, t=R)
+  fields(o.ScaleByRpropState, step_sizes=FM, prev_updates=FM)
   fields(o.ScaleByScheduleState, count=R)
   fields(T("ScaleByOptimisticGradientState"), is_initial_step=R, previous_gradient=P)
-  fields(T("ScaleByDistanceOverGradientsState"), max_dist=P, grad_sum_of_squares=P, init_params=P)
-  fields(o.ScaleBySM3State, mu=_sm3_mu, nu=P)
+  fields(T("ScaleByDistanceOverGradientsState"), max_dist=P, grad_sum_of_squares=SM, init_params=P)
+  fields(o.ScaleBySM3State, mu=SM.with_axes(_sm3_mu), nu=FM)
   fields(o.ScaleByLBFGSState, count=R, params=P, updates=P,
          diff_params_memory=_memory, diff_updates_memory=_memory, weights_memory=R)  # fmt: skip
+  declarations.declare_known(o.FactoredState, count=R, v_row=SM, v_col=SM, v=SM)
   pr.register_state_rule(o.FactoredState, _factored_rule)
-  fields(o.TraceState, trace=P)
-  fields(o.EmaState, count=R, ema=P)
+  fields(o.TraceState, trace=FM)
+  fields(o.EmaState, count=R, ema=FM)
   fields(o.AddNoiseState, count=R, rng_key=R)
-  fields(o.ApplyEvery, count=R, grad_acc=P)
+  fields(o.ApplyEvery, count=R, grad_acc=FM)
   fields(o.ZeroNansState, found_nan=P)
   fields(o.ScaleByBacktrackingLinesearchState, learning_rate=R, value=R, grad=P, info=R)
   fields(o.ScaleByZoomLinesearchState, learning_rate=R, value=R, grad=P, info=R)
@@ -275,7 +257,7 @@ def _register_builtin() -> None:
   fields(o.InjectHyperparamsState, count=R, hyperparams=R, inner_state=N)
   fields(o.InjectStatefulHyperparamsState, count=R, hyperparams=R, hyperparams_states=N,
          inner_state=N)  # fmt: skip
-  fields(o.MultiStepsState, mini_step=R, gradient_step=R, inner_opt_state=N, acc_grads=P,
+  fields(o.MultiStepsState, mini_step=R, gradient_step=R, inner_opt_state=N, acc_grads=FM,
          skip_state=N)  # fmt: skip
   fields(o.ApplyIfFiniteState, notfinite_count=R, last_finite=R, total_notfinite=R, inner_state=N)
   fields(o.ConditionallyMaskState, step=R, inner_state=N)
@@ -286,29 +268,30 @@ def _register_builtin() -> None:
   fields(o.transforms.MonitorState, measurements=N, measure_states=N)
   fields(o.transforms.SnapshotState, measurement=N)
   # optax.contrib.
-  fields(c.ScaleByAdemamixState, count=R, count_m2=R, m1=P, m2=P, nu=P)
-  fields(c.ScaleBySimplifiedAdEMAMixState, t=R, m=P, n=P)
-  fields(c.COCOBState, init_particles=P, cumulative_gradients=P, scale=P, subgradients=P,
-         reward=P)  # fmt: skip
-  fields(c.DAdaptAdamWState, exp_avg=P, exp_avg_sq=P, grad_sum=P, estim_lr=R,
+  fields(c.ScaleByAdemamixState, count=R, count_m2=R, m1=FM, m2=FM, nu=SM)
+  fields(c.ScaleBySimplifiedAdEMAMixState, t=R, m=FM, n=SM)
+  fields(c.COCOBState, init_particles=P, cumulative_gradients=FM, scale=FM, subgradients=FM,
+         reward=FM)  # fmt: skip
+  fields(c.DAdaptAdamWState, exp_avg=FM, exp_avg_sq=SM, grad_sum=FM, estim_lr=R,
          numerator_weighted=R, count=R)  # fmt: skip
-  fields(c.DoGState, is_init_step=R, init_params=P, max_dist=P, sum_sq_norm_grads=P)
-  fields(c.DoWGState, init_params=P, weighted_sq_norm_grads=P, estim_sq_dist=P)
+  fields(c.DoGState, is_init_step=R, init_params=P, max_dist=P, sum_sq_norm_grads=SM)
+  fields(c.DoWGState, init_params=P, weighted_sq_norm_grads=SM, estim_sq_dist=SM)
+  declarations.declare_known(c.GaLoreState, count=R, base_optimizer_state=N, projector=P)
   pr.register_state_rule(c.GaLoreState, _galore_rule)
-  fields(c.MadgradState, count=R, grad_sum_sq=P, s=P, x0=P)
+  fields(c.MadgradState, count=R, grad_sum_sq=SM, s=FM, x0=P)
   fields(c.MechanicState, base_optimizer_state=N, count=R, r=R, m=R, v=R, s=R, x0=P)
-  fields(c.MomoState, exp_avg=P, barf=R, gamma=R, lb=R, count=R)
-  fields(c.MomoAdamState, exp_avg=P, exp_avg_sq=P, barf=R, gamma=R, lb=R, count=R)
-  fields(c.MuonState, count=R, mu=P, ns_coeffs=R)
+  fields(c.MomoState, exp_avg=FM, barf=R, gamma=R, lb=R, count=R)
+  fields(c.MomoAdamState, exp_avg=FM, exp_avg_sq=SM, barf=R, gamma=R, lb=R, count=R)
+  fields(c.MuonState, count=R, mu=FM, ns_coeffs=R)
   fields(c.DifferentiallyPrivateAggregateState, rng_key=R)
-  fields(c.ProdigyState, exp_avg=P, exp_avg_sq=P, grad_sum=P, params0=P, estim_lr=R,
+  fields(c.ProdigyState, exp_avg=FM, exp_avg_sq=SM, grad_sum=FM, params0=P, estim_lr=R,
          numerator_weighted=R, count=R)  # fmt: skip
   fields(c.ReduceLROnPlateauState, scale=R, best_value=R, plateau_count=R, cooldown_count=R,
          count=R, avg_value=R)  # fmt: skip
   fields(c.SAMState, steps_since_sync=R, opt_state=N, adv_state=N, cache=P)
   fields(c.ScheduleFreeState, b1=R, weight_sum=R, step_count=R, max_lr=R,
          base_optimizer_state=N, z=P)  # fmt: skip
-  fields(c.SophiaState, count=R, mu=P, nu=P, hessian_fn_state=N)
+  fields(c.SophiaState, count=R, mu=FM, nu=SM, hessian_fn_state=N)
   fields(c.HutchinsonState, key=R)
   fields(c.SplitRealAndImaginaryState, inner_state=_split_complex)
   # optax.experimental aggregators (gradient accumulation).
@@ -316,11 +299,11 @@ def _register_builtin() -> None:
     from optax.experimental import _aggregating as agg
   except ImportError:  # moved or gone in this optax: nothing to register
     return
-  fields(agg.AccumulateAvgUpdatesState, micro_step=R, ready=R, avg_grad=P)
-  fields(agg.PerElementMeanAndSumSqDiffGradsState, micro_step=R, ready=R, mean_grads=P,
-         sum_sq_diff_grads=P)  # fmt: skip
-  fields(agg.PerElementMeanAndVarianceEMAState, count=R, ema_decay=R, mean_grads_ema=P,
-         variance_grads_ema=P)  # fmt: skip
+  fields(agg.AccumulateAvgUpdatesState, micro_step=R, ready=R, avg_grad=FM)
+  fields(agg.PerElementMeanAndSumSqDiffGradsState, micro_step=R, ready=R, mean_grads=FM,
+         sum_sq_diff_grads=SM)  # fmt: skip
+  fields(agg.PerElementMeanAndVarianceEMAState, count=R, ema_decay=R, mean_grads_ema=FM,
+         variance_grads_ema=SM)  # fmt: skip
 
 
 _register_builtin()

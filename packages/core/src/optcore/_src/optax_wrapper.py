@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import optax
 import optax.contrib
 
-from optcore._src import overrides, partition_rules, paths, serialization, sharding
+from optcore._src import declarations, overrides, partition_rules, paths, serialization, sharding
 from optcore._src.base import OptimizerDef
 from optcore._src.checks import check_float_params, check_gradients
 from optcore._src.export import boxed_like_parameters, optax_update_arguments
@@ -139,7 +139,9 @@ class OptaxWrapper(OptimizerDef):
 
   def init_state(self, params: PyTree) -> OptimizerState:
     check_float_params(params)
-    return OptimizerState(jnp.asarray(0, dtype=jnp.int32), self.optax_optimizer.init(params))
+    state = self.optax_optimizer.init(params)
+    refuse_undeclared_state(self._name, state)
+    return OptimizerState(jnp.asarray(0, dtype=jnp.int32), state)
 
   def apply_gradient(self, hyper_params, params, state, grads, **extra_args):
     updates, new_state = self.compute_updates(hyper_params, params, state, grads, **extra_args)
@@ -295,6 +297,25 @@ ELEMENTWISE_OPTAX = tuple(
   ).split()
   if hasattr(optax, name)
 )
+
+
+def refuse_undeclared_state(name: str, state: PyTree) -> None:
+  """`UndeclaredStateError` at the first state type in ``state`` that says nothing of its
+  fields (no `optcore.ParamShaped`-style annotations, no `optcore.declare_state` table and no
+  `optcore.register_state_rule`): every reader (axes, low-bit state, transplant) would have to
+  guess what its fields hold."""
+  try:
+    found = declarations.undeclared_types(state)
+  except declarations.UndeclaredStateError as e:  # a type that declares some fields only
+    raise declarations.UndeclaredStateError(f"{name}: {e}") from None
+  for keys, state_type in found:
+    if partition_rules.rule_for(state_type) is None:
+      where = paths.path_str(keys) or "/"
+      raise declarations.UndeclaredStateError(
+        f"{name}: the state type {state_type.__module__}.{state_type.__qualname__} at "
+        f"{where!r} does not declare its fields. "
+        + declarations.undeclared_message(state_type, list(state_type._fields))
+      )
 
 
 _Arguments = ParamSpec("_Arguments")

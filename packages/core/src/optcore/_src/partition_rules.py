@@ -26,7 +26,7 @@ import numpy as np
 import optax
 from jax.sharding import PartitionSpec
 
-from optcore._src import paths, serialization
+from optcore._src import declarations, paths, serialization
 
 PyTree = Any
 # rule(state, params_axes, params) -> the state's structure with PartitionSpec leaves
@@ -107,11 +107,44 @@ def _three_arguments(rule: Callable[..., Any]) -> StateRule:
 
 
 def rule_for(state_type: type) -> StateRule | None:
-  """The rule registered for ``state_type`` or its nearest registered base."""
+  """The rule registered for ``state_type`` or its nearest registered base, else the one its
+  fields' declarations give (`optcore.ParamShaped`, ..., `declarations.declared_fields`)."""
   for cls in state_type.__mro__:
     if cls in _RULES:
       return _RULES[cls]
-  return None
+  declared = declarations.declared_fields(state_type)
+  return None if declared is None else declared_rule(declared)
+
+
+def field_rule(kind: Any) -> Callable[[Any, Any, Any, Any], Any]:
+  """The rule one field's declared axes stand for: ``"params"`` the parameters' axes,
+  ``"replicated"`` none, ``"nested"`` a nested state's own rule, or a function ``(field, state,
+  params_axes, params) -> axes`` as it is (a `declarations.Role`'s ``axes``)."""
+  if kind == "params":
+    return lambda field, state, axes, params: like_params(field, axes)
+  if kind == "replicated":
+    return lambda field, state, axes, params: replicated(field)
+  if kind == "nested":
+    return lambda field, state, axes, params: derive_normalized(field, axes, params)
+  return kind
+
+
+def declared_rule(declared: Any) -> StateRule:
+  """The axes of a state whose fields are declared, field by field."""
+  rules = {name: field_rule(role.axes) for name, role in declared.items()}
+
+  def rule(state: Any, params_axes: PyTree, params: PyTree) -> Any:
+    unknown = [f for f in state._fields if f not in rules]
+    if unknown:
+      raise PartitionRuleError(
+        f"optcore's declaration does not know the field(s) {unknown} (a newer optax?). "
+        "Declare them: optcore.declare_state(type, field=optcore.ParamShaped, ...)."
+      )
+    return type(state)(
+      **{f: rules[f](getattr(state, f), state, params_axes, params) for f in state._fields}
+    )
+
+  return rule
 
 
 # The parameters' axes.

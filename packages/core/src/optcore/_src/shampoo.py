@@ -28,15 +28,15 @@ import enum
 import itertools
 import math
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Annotated, Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from optcore._src import optax_rules
 from optcore._src.checks import require_params
+from optcore._src.declarations import PARAM_SHAPED, FirstMoment, Replicated, SecondMoment
 from optcore._src.hyper_params import value_at
 from optcore._src.matrix_axes import (
   check_rules_with_axes,
@@ -44,7 +44,7 @@ from optcore._src.matrix_axes import (
   on_copies,
   split_batch,
 )
-from optcore._src.soap import Preconditioners, preconditioner_axes
+from optcore._src.matrix_state import Preconditioners, preconditioner_axes
 
 PyTree = Any
 
@@ -81,12 +81,12 @@ class ShampooState(NamedTuple):
     preconditioners: per parameter, `Preconditioners` holding their inverse roots.
   """
 
-  count: jax.Array
-  diagonal_statistics: PyTree
-  momentum: PyTree
-  diagonal_momentum: PyTree
-  statistics: PyTree
-  preconditioners: PyTree
+  count: Replicated
+  diagonal_statistics: SecondMoment
+  momentum: FirstMoment
+  diagonal_momentum: FirstMoment
+  statistics: Annotated[PyTree, PARAM_SHAPED.with_axes(preconditioner_axes)]
+  preconditioners: Annotated[PyTree, PARAM_SHAPED.with_axes(preconditioner_axes)]
 
 
 def _merge_small_dims(shape: tuple[int, ...], max_dim: int) -> list[tuple[int, ...]]:
@@ -781,11 +781,5 @@ def shampoo(
   # differently, and the inverse roots amplify the difference (1e-5 after a dozen steps).
   return optax.GradientTransformation(init_fn, jax.jit(update_fn))
 
-
-optax_rules.fields(
-  ShampooState, count=optax_rules.R, diagonal_statistics=optax_rules.P,
-  momentum=optax_rules.P, diagonal_momentum=optax_rules.P, statistics=preconditioner_axes,
-  preconditioners=preconditioner_axes,
-)  # fmt: skip
 
 __all__ = ["GraftingType", "PreconditionerType", "ShampooState", "shampoo", "shampoo_roles"]

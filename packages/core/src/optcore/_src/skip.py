@@ -13,7 +13,7 @@ import numpy as np
 
 from optcore._src.base import OptimizerDef
 from optcore._src.optimizer import OptimizerState
-from optcore._src.wrapper import Replicated, StateWrapper
+from optcore._src.wrapper import Nested, Replicated, StateWrapper
 
 PyTree = Any
 
@@ -30,7 +30,7 @@ class SkipState(NamedTuple):
     skipped: int32, the steps skipped so far.
   """
 
-  inner: PyTree
+  inner: Nested
   norms: Replicated
   accepted: Replicated
   skipped: Replicated

@@ -27,16 +27,16 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Annotated, Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
-from jax.sharding import PartitionSpec
 
-from optcore._src import optax_rules, paths
 from optcore._src import partition_rules as pr
+from optcore._src import paths
 from optcore._src.checks import require_params
+from optcore._src.declarations import PARAM_SHAPED, FirstMoment, Replicated, SecondMoment
 from optcore._src.hyper_params import value_at
 from optcore._src.matrix_axes import (
   check_rules_with_axes,
@@ -44,54 +44,9 @@ from optcore._src.matrix_axes import (
   on_copies,
   split_batch,
 )
+from optcore._src.matrix_state import Preconditioners, lerp, preconditioner_axes
 
 PyTree = Any
-
-
-@jax.tree_util.register_pytree_with_keys_class
-class Preconditioners:
-  """One parameter's factors (or eigenbases), one per dimension of its matrix.
-
-  Attributes:
-    matrices: per preconditioned dimension a ``(*batch, d, d)`` array; None for
-      a dimension that keeps the identity (above ``max_precond_dim``, a vector
-      without ``precondition_1d``, an ``"adam"`` axis).
-    dims: per entry, the parameter's dimension it preconditions; None where
-      ``merge_dims`` merged several into one.
-    batch_dims: the parameter's dimensions that are independent copies
-      (``"batch"`` axes), which lead each matrix's shape.
-  """
-
-  def __init__(
-    self,
-    matrices: tuple[jax.Array | None, ...],
-    dims: tuple[int | None, ...],
-    batch_dims: tuple[int, ...] = (),
-  ):
-    self.matrices = tuple(matrices)
-    self.dims = tuple(dims)
-    self.batch_dims = tuple(batch_dims)
-
-  def tree_flatten_with_keys(self) -> tuple:
-    children = [(jax.tree_util.DictKey(str(i)), m) for i, m in enumerate(self.matrices)]
-    return children, (self.dims, self.batch_dims)
-
-  @classmethod
-  def tree_unflatten(cls, aux: tuple, children: Any) -> Preconditioners:
-    return cls(tuple(children), *aux)
-
-  def __eq__(self, other: object) -> bool:  # as a NamedTuple compares: field by field
-    if type(other) is not type(self):
-      return NotImplemented
-    return (self.dims, self.batch_dims) == (other.dims, other.batch_dims) and (
-      self.matrices == other.matrices
-    )
-
-  __hash__ = None  # type: ignore[assignment]  # holds arrays
-
-  def __repr__(self) -> str:
-    shown = [tuple(m.shape) if hasattr(m, "shape") else m for m in self.matrices]
-    return f"Preconditioners({shown}, dims={self.dims}, batch_dims={self.batch_dims})"
 
 
 class SoapState(NamedTuple):
@@ -106,11 +61,11 @@ class SoapState(NamedTuple):
     q: per parameter, `Preconditioners` holding their eigenbases (``Q``).
   """
 
-  count: jax.Array
-  exp_avg: PyTree
-  exp_avg_sq: PyTree
-  gg: PyTree
-  q: PyTree
+  count: Replicated
+  exp_avg: FirstMoment
+  exp_avg_sq: SecondMoment
+  gg: Annotated[PyTree, PARAM_SHAPED.with_axes(preconditioner_axes)]
+  q: Annotated[PyTree, PARAM_SHAPED.with_axes(preconditioner_axes)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -264,15 +219,6 @@ def _project(layout: _Layout, x: jax.Array, qs: tuple, back: bool = False) -> ja
   return layout.from_merged(x)
 
 
-def _lerp(start: jax.Array, end: jax.Array, weight: Any) -> jax.Array:
-  """torch's ``lerp``, both of its branches."""
-  low = start + weight * (end - start)
-  high = end - (end - start) * (1 - weight)
-  if isinstance(weight, (int, float)):
-    return low if weight < 0.5 else high
-  return jnp.where(weight < 0.5, low, high)
-
-
 def _update_factors(layout: _Layout, ggs: tuple, grad: jax.Array, weight: Any) -> tuple:
   g = layout.to_merged(grad.astype(jnp.float32))
   out = []
@@ -282,7 +228,7 @@ def _update_factors(layout: _Layout, ggs: tuple, grad: jax.Array, weight: Any) -
       continue
     others = [d for d in range(g.ndim) if d != idx]
     outer = jnp.tensordot(g, g, axes=(others, others))
-    out.append(_lerp(gg, outer, weight))
+    out.append(lerp(gg, outer, weight))
   return tuple(out)
 
 
@@ -549,32 +495,5 @@ def soap(
 def _is_zero(x: Any) -> bool:
   return isinstance(x, (int, float)) and x == 0
 
-
-def preconditioner_axes(field: PyTree, state: Any, params_axes: PyTree, params: PyTree) -> PyTree:
-  """Partition rule of a field of `Preconditioners` (SOAP's ``gg`` and ``q``, Shampoo's
-  ``statistics`` and ``preconditioners``): a matrix keeps the axis of the dimension it
-  preconditions on its rows, after the axes of the batch dimensions; one that merged
-  several dimensions (or a block) is replicated on both sides."""
-
-  def per_param(node: Preconditioners, spec: PartitionSpec, keys: tuple) -> Preconditioners:
-    entries = tuple(spec)
-    axis = lambda d: entries[d] if d is not None and d < len(entries) else None
-    batch = tuple(axis(d) for d in node.batch_dims)
-    return Preconditioners(
-      tuple(
-        None if m is None else PartitionSpec(*batch, axis(d), None)
-        for m, d in zip(node.matrices, node.dims, strict=True)
-      ),
-      node.dims,
-      node.batch_dims,
-    )
-
-  return pr.map_params(per_param, field, params_axes)
-
-
-optax_rules.fields(
-  SoapState, count=optax_rules.R, exp_avg=optax_rules.P, exp_avg_sq=optax_rules.P,
-  gg=preconditioner_axes, q=preconditioner_axes,
-)  # fmt: skip
 
 __all__ = ["Preconditioners", "SoapState", "soap", "soap_roles"]

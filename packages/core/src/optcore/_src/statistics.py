@@ -18,7 +18,7 @@ from optcore._src.optimizer import OptimizerState
 from optcore._src.paths import some_paths
 from optcore._src.traversal import leaves_with_paths
 from optcore._src.user_warnings import warn
-from optcore._src.wrapper import StateWrapper
+from optcore._src.wrapper import Nested, StateWrapper
 
 PyTree = Any
 
@@ -115,7 +115,7 @@ class StatisticsState(NamedTuple):
       ``(groups, 3)`` array; a state dict holds an array a group (``values/global``).
   """
 
-  inner: PyTree
+  inner: Nested
   values: Annotated[GroupNorms, "replicated"]
 
   def logged(self) -> dict[str, jax.Array]:

@@ -15,7 +15,7 @@ from optcore._src import paths
 from optcore._src.base import OptimizerDef
 from optcore._src.checks import check_float_params
 from optcore._src.optimizer import OptimizerState
-from optcore._src.wrapper import Replicated, StateWrapper, init_in_one_program
+from optcore._src.wrapper import Nested, Replicated, StateWrapper, init_in_one_program
 
 PyTree = Any
 
@@ -29,7 +29,7 @@ class StochasticRoundingState(NamedTuple):
       (``jax.random.key_data``); each step splits it.
   """
 
-  inner: PyTree
+  inner: Nested
   key: Replicated
 
 

@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from optcore._src import paths, placement, stored
+from optcore._src import declarations, paths, placement, stored
 from optcore._src.checks import dtype_name
 from optcore._src.serialization import (
   StateDictError,
@@ -37,14 +37,6 @@ from optcore._src.serialization import (
 
 PyTree = Any
 Path = tuple[str, ...]
-
-#: flax.optim's (and optcore.legacy's) names for the state optax calls ``mu``,
-#: ``nu`` and ``trace``: the same quantities, updated by the same formulas.
-ROLE_ALIASES: dict[str, str] = {
-  "grad_ema": "mu",  # Adam, LAMB, ...: the moving average of the gradients
-  "grad_sq_ema": "nu",  # ... and of their squares
-  "momentum": "trace",  # Momentum, LARS: optax's trace (sgd's momentum)
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,6 +114,18 @@ class _Leaf:
   param: Path | None = None
   role: str | None = None
   key: tuple = ()
+  #: what the leaf's state type declares it is (`declarations.Role`), None where nothing does
+  declared: declarations.Role | None = None
+
+  @property
+  def moment(self) -> str | None:
+    return None if self.declared is None else self.declared.moment
+
+  @property
+  def may_restart_alone(self) -> bool:
+    """A copy of the parameters or a last gradient (declared `ParamShaped`, not a moment)
+    starts anew beside kept moments without making them wrong; a moment or a basis cannot."""
+    return self.declared is not None and self.declared.param_shaped and not self.moment
 
 
 def transplant_state(
@@ -180,23 +184,18 @@ def transplant_state(
   if isinstance(source_target, Mapping):  # an old model's parameters: located, then dropped
     param_paths |= _leaf_paths(source_target)
   lengths = sorted({len(p) for p in param_paths}, reverse=True)
-  new = _classify(_flatten(written), param_paths, lengths)
-  old = _classify(_flatten(state_dict["state"]), param_paths, lengths)
+  new_roles = _declared_paths(state.param_states)
+  new = _classify(_flatten(written), param_paths, lengths, new_roles)
+  old_roles = _inferred_roles(state_dict["state"])
+  old = _classify(_flatten(state_dict["state"]), param_paths, lengths, old_roles)
   by_key = {leaf.key: leaf for leaf in old}
   old_step = by_key.get(("step",))
+  old_counted_by = _counted_by(old)
 
   # A count (adam's, accumulate's mini_step) counts for the parameter state it sits beside,
   # the leaves whose nearest count it is.
-  counters = {
-    leaf.path[:-1]: leaf
-    for leaf in new
-    if leaf.param is None and leaf.key != ("step",) and leaf.key[1]
-  }
-  counted_by = {
-    leaf.path: max((o for o in counters if _under(leaf.path, o)), key=len, default=None)
-    for leaf in new
-    if leaf.param is not None
-  }
+  counters = _counters(new)
+  counted_by = _counted_by(new)
 
   def match(leaf: _Leaf, source: _Leaf | None, note: str = "") -> _Found:
     if source is None:
@@ -205,10 +204,27 @@ def transplant_state(
     return _Found(None if problem else value, source, problem, "" if problem else note)
 
   found: dict[Path, _Found] = {}
+  by_role: set[Path] = set()
   for leaf in new:
     if leaf.param is None and counters.get(leaf.path[:-1]) is leaf:
       continue  # decided below, from what was kept beside it
-    found[leaf.path] = match(leaf, by_key.get(leaf.key) or _same_name_beside(leaf, old))
+    source = by_key.get(leaf.key) or _same_name_beside(leaf, old)
+    if source is None and (source := _same_moment(leaf, old)) is not None:
+      found[leaf.path] = match(leaf, source, f"its declared {leaf.moment} moment")
+      by_role.add(leaf.path)
+      continue
+    found[leaf.path] = match(leaf, source)
+
+  # A moment read by its declared role, not its name, is read only where all the state under
+  # its count is read too: SOAP's moments beside bases that start anew live in a basis that
+  # does not exist yet, and adam's would not mean the same there.
+  for owner in counters:
+    counted = [p for p in new if p.param is not None and counted_by[p.path] == owner]
+    if any(found[p.path].problem for p in counted if not p.may_restart_alone):
+      for p in counted:
+        if p.path in by_role and not found[p.path].problem:
+          why = "read by its role only where all the state beside it is: some starts anew"
+          found[p.path] = _Found(None, found[p.path].source, why)
 
   # One parameter's state under one count is kept whole or not at all: adam's mu beside a
   # nu that starts anew (muon's momentum into adamw's) would make updates of mu / sqrt(0).
@@ -217,6 +233,7 @@ def transplant_state(
     if leaf.param is not None:
       groups.setdefault((counted_by[leaf.path], leaf.param), []).append(leaf)
   for members in groups.values():
+    members = [m for m in members if not m.may_restart_alone]
     missing = sorted({m.role for m in members if found[m.path].problem})
     if missing and len(missing) < len(members):
       verb = "starts" if len(missing) == 1 else "start"
@@ -229,6 +246,8 @@ def transplant_state(
   # A count is kept only with all the state it counts for: over moments that start from
   # zero a kept count would skip their bias correction (first updates up to 1/sqrt(1-b2) big).
   for owner, leaf in counters.items():
+    # every leaf it counts for, a copy that may restart alone included: an EMA's count
+    # debiases its average, and a count kept over any fresh leaf would skip a bias correction
     counted = [p for p in new if p.param is not None and counted_by[p.path] == owner]
     fresh = [p for p in counted if found[p.path].problem]
     if fresh:
@@ -240,6 +259,13 @@ def transplant_state(
       found[leaf.path] = _Found(None, None, why)
       continue
     source = by_key.get(leaf.key) or _same_name_beside(leaf, old)
+    if source is None:  # the count of the moments it counts for, where they came from one
+      owners = {old_counted_by.get(found[p.path].source.path) for p in counted}
+      owner = next(iter(owners)) if len(owners) == 1 else None
+      counter = _counters(old).get(owner) if owner is not None else None
+      if counter is not None and leaf.declared is not None and counter.declared is not None:
+        found[leaf.path] = match(leaf, counter, "the count of the moments kept")
+        continue
     if source is None and old_step is not None and leaf.path[-1] == "count":
       found[leaf.path] = match(leaf, old_step, "flax.optim counts with the step")
     else:
@@ -268,6 +294,74 @@ def transplant_state(
   return new_state, TransplantReport(kept, initialised, dropped)
 
 
+def _counters(leaves: list[_Leaf]) -> dict[Path, _Leaf]:
+  """Each count (adam's, accumulate's mini_step) by the path it sits in: a leaf of no parameter
+  beside parameters' state."""
+  return {
+    leaf.path[:-1]: leaf
+    for leaf in leaves
+    if leaf.param is None and leaf.key != ("step",) and leaf.key[1]
+  }
+
+
+def _counted_by(leaves: list[_Leaf]) -> dict[Path, Path | None]:
+  """Each parameter's leaf and the place of its nearest count."""
+  counters = _counters(leaves)
+  return {
+    leaf.path: max((o for o in counters if _under(leaf.path, o)), key=len, default=None)
+    for leaf in leaves
+    if leaf.param is not None
+  }
+
+
+def _same_moment(leaf: _Leaf, old: list[_Leaf]) -> _Leaf | None:
+  """The one leaf of the state dict that holds the same parameter's moment of the same kind
+  (first or second) as ``leaf`` is declared to: adam's ``mu`` for any optimizer's
+  `optcore.FirstMoment`, flax.optim's ``grad_sq_ema`` for its `optcore.SecondMoment`."""
+  if leaf.param is None or leaf.moment is None:
+    return None
+  found = [o for o in old if o.param == leaf.param and o.moment == leaf.moment]
+  return found[0] if len(found) == 1 else None
+
+
+def _declared_paths(param_states: Any) -> dict[Path, declarations.Role]:
+  """The declared role of each leaf of a live state, by its state-dict path."""
+  roles = declarations.leaf_roles(param_states)
+  return {
+    ("param_states", *(paths.key_name(k) for k in keys)): role for keys, role in roles.items()
+  }
+
+
+def _inferred_roles(state: Mapping[str, Any]) -> dict[Path, declarations.Role]:
+  """The roles of a state dict's leaves, read from its nodes: a node whose keys are exactly
+  the fields of declared state types that agree on a field's role gives that role to the
+  leaves below the field (the innermost node deciding). A state dict keeps field names, not
+  types; nothing is read from a name alone."""
+  by_fields: dict[frozenset, list[Mapping[str, declarations.Role]]] = {}
+  for state_type in declarations.known_state_types():
+    fields = declarations.declared_fields(state_type)
+    if fields:
+      by_fields.setdefault(frozenset(fields), []).append(fields)
+  out: dict[Path, declarations.Role] = {}
+
+  def visit(node: Any, prefix: Path) -> None:
+    if not isinstance(node, Mapping):
+      return
+    present = frozenset(str(k) for k in node)
+    # a field holding None (RMSProp's mg when not centered) is absent from a state dict
+    candidates = [f for keys, fs in by_fields.items() if present <= keys for f in fs]
+    for key, value in node.items():
+      roles = {f[str(key)] for f in candidates}
+      if len(roles) == 1:
+        role = roles.pop()
+        for path, _ in _flatten(value, (*prefix, str(key))):
+          out[path] = role
+      visit(value, (*prefix, str(key)))
+
+  visit(state, ())
+  return out
+
+
 def _leaf_paths(tree: Any) -> set[Path]:
   return {path for path, _ in _flatten(tree)}
 
@@ -283,9 +377,14 @@ def _flatten(tree: Any, prefix: Path = ()) -> list[tuple[Path, Any]]:
   return [] if tree is None else [(prefix, tree)]
 
 
-def _classify(leaves: list[tuple[Path, Any]], params: set[Path], lengths: list[int]) -> list[_Leaf]:
+def _classify(
+  leaves: list[tuple[Path, Any]],
+  params: set[Path],
+  lengths: list[int],
+  declared: Mapping[Path, declarations.Role],
+) -> list[_Leaf]:
   """Each leaf with its parameter and role, and the key it is matched by."""
-  out = [_Leaf(path, value) for path, value in leaves]
+  out = [_Leaf(path, value, declared=declared.get(path)) for path, value in leaves]
   for leaf in out:
     path = leaf.path
     for n in lengths:  # optax's layout: .../role/<param>; the longest parameter path wins
@@ -299,8 +398,6 @@ def _classify(leaves: list[tuple[Path, Any]], params: set[Path], lengths: list[i
         if len(path) > n and path[-n - 1 : -1] in params:
           leaf.param, leaf.role = path[-n - 1 : -1], path[-1]
           break
-    if leaf.role is not None:
-      leaf.role = ROLE_ALIASES.get(leaf.role, leaf.role)
   seen: dict[tuple, int] = {}
   for leaf in out:
     if leaf.param is not None:
@@ -438,8 +535,8 @@ def transplant(
     transplant: 4 kept, 0 initialised, 0 dropped
       kept         step
       kept         param_states/0/count  from step; flax.optim counts with the step
-      kept         param_states/0/mu/w   from param_states/w/grad_ema
-      kept         param_states/0/nu/w   from param_states/w/grad_sq_ema
+      kept         param_states/0/mu/w   from param_states/w/grad_ema; its declared first moment
+      kept         param_states/0/nu/w   from param_states/w/grad_sq_ema; its declared second moment
     >>> opt.state.param_states[0].mu['w'] == old.state.param_states['w'].grad_ema
     Array([ True,  True], dtype=bool)
   """

@@ -10,6 +10,7 @@ from jax import lax
 from jax.sharding import PartitionSpec
 
 from optcore._src.base import OptimizerDef
+from optcore._src.declarations import Nested, ParamShaped
 from optcore._src.hyper_params import HyperParams
 
 PyTree = Any
@@ -20,10 +21,10 @@ class WeightNormParamState(NamedTuple):
   and the scale, and their last values.
   """
 
-  direction_state: Any
-  scale_state: Any
-  direction: Any
-  scale: Any
+  direction_state: Nested
+  scale_state: Nested
+  direction: ParamShaped
+  scale: ParamShaped
 
 
 def _splits(param: Any) -> bool:

@@ -25,28 +25,28 @@ through to the wrapped definition unless a wrapper says otherwise.
 
 from __future__ import annotations
 
-import typing
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Annotated, Any, ClassVar
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from optcore._src import definition_tree, optax_rules
+from optcore._src import declarations, definition_tree, optax_rules
 from optcore._src.base import OptimizerDef
+from optcore._src.declarations import Nested as Nested
+from optcore._src.declarations import ParamShaped as ParamShaped
+from optcore._src.declarations import Replicated as Replicated
 from optcore._src.hyper_params import HyperParams
 from optcore._src.optimizer import OptimizerState
 from optcore._src.stored import is_stored
 
 PyTree = Any
 
-#: A wrapper state's field in the parameters' structure: each leaf takes its parameter's logical
-#: axes (a None, for a parameter the field does not hold, stays None).
-ParamShaped = Annotated[PyTree, optax_rules.P]
-#: A wrapper state's field that no axis splits: a counter, a window of norms, a key.
-Replicated = Annotated[jax.Array, optax_rules.R]
+# A wrapper state's fields declare themselves in the words of every state type
+# (`optcore._src.declarations`): its ``inner`` is `Nested`, its own fields `ParamShaped`,
+# `Replicated` (or a moment, where a wrapper keeps one).
 
 
 class _Required:
@@ -251,31 +251,17 @@ def _setting_repr(value: Any) -> str:
 
 
 def _declared_axes(state_type: type) -> dict[str, Any]:
-  """Each field after ``inner`` of a wrapper's state type, and the axes kind its annotation
-  declares (``Annotated[PyTree, "params"]``); a field without one is refused, naming it."""
-  try:
-    hints = typing.get_type_hints(state_type, include_extras=True)
-  except NameError as e:
-    raise TypeError(
-      f"{state_type.__name__}'s annotations cannot be read ({e}): define the state type, and "
-      "import what its annotations name (ParamShaped, Replicated), at the top of its module"
-    ) from None
-  declared = {}
-  for name in state_type._fields[1:]:
-    kinds = [m for m in getattr(hints.get(name), "__metadata__", ()) if _is_axes_kind(m)]
-    if len(kinds) != 1:
-      raise TypeError(
-        f"{state_type.__name__}.{name} declares no logical axes: annotate it "
-        "ParamShaped (a field in the parameters' structure), Replicated (a counter, a window, "
-        "a key), or Annotated[<type>, rule] with a rule (field, state, params_axes, params) -> "
-        "axes"
-      )
-    declared[name] = kinds[0]
-  return declared
-
-
-def _is_axes_kind(value: Any) -> bool:
-  return (isinstance(value, str) and value in (optax_rules.P, optax_rules.R)) or callable(value)
+  """Each field after ``inner`` of a wrapper's state type, and the axes its declaration gives
+  (`declarations.declared_fields`: the annotations every state type uses); ``inner`` is
+  `Nested`, and a field without a declaration is refused, naming it."""
+  fields = declarations.declared_fields(state_type)
+  if fields is None:
+    raise declarations.UndeclaredStateError(
+      declarations.undeclared_message(state_type, list(state_type._fields))
+    )
+  if fields["inner"] is not declarations.NESTED:
+    raise TypeError(f"{state_type.__name__}.inner holds the wrapped state: annotate it Nested")
+  return {name: role.axes for name, role in fields.items() if name != "inner"}
 
 
 def wrapped_chain(optimizer_def: OptimizerDef) -> list[OptimizerDef]:

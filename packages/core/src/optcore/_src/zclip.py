@@ -15,7 +15,7 @@ from optcore._src.base import OptimizerDef
 from optcore._src.checks import check_float_params
 from optcore._src.optimizer import OptimizerState
 from optcore._src.skip import global_norm
-from optcore._src.wrapper import Replicated, StateWrapper, one_of
+from optcore._src.wrapper import Nested, Replicated, StateWrapper, one_of
 
 PyTree = Any
 
@@ -38,7 +38,7 @@ class ZClipState(NamedTuple):
       it was not).
   """
 
-  inner: PyTree
+  inner: Nested
   buffer: Replicated
   seen: Replicated
   mean: Replicated
