@@ -8,11 +8,12 @@ from typing import Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import optax
 
 from optcore._src import placement
 from optcore._src.base import OptimizerDef
 from optcore._src.checks import check_float_params
-from optcore._src.optimizer import OptimizerState
+from optcore._src.state import OptimizerState
 from optcore._src.wrapper import Nested, ParamShaped, Replicated, StateWrapper, floating_dtype
 
 PyTree = Any
@@ -76,13 +77,31 @@ class Ema(StateWrapper):
     new_params, new_inner = self.optimizer_def.apply_gradient(
       hyper_params, params, self._inner_state(state), grads, **extra_args
     )
+    return new_params, self._averaged(state, new_inner, new_params)
+
+  def compute_updates(
+    self, hyper_params: Any, params: PyTree, state: OptimizerState, grads: PyTree, **extra_args: Any
+  ) -> tuple[PyTree, OptimizerState]:
+    """The wrapped definition's own updates (as ``as_optax()`` hands them to optax), the
+    average of ``params + updates``: for an optax definition the parameters `apply_gradient`
+    gives, bit for bit, so every face averages the same numbers."""
+    updates, new_inner = self.optimizer_def.compute_updates(
+      hyper_params, params, self._inner_state(state), grads, **extra_args
+    )
+    new_params = optax.apply_updates(params, updates)
+    return updates, self._averaged(state, new_inner, new_params)
+
+  def _averaged(
+    self, state: OptimizerState, new_inner: OptimizerState, new_params: PyTree
+  ) -> OptimizerState:
+    """``ema = decay * ema + (1 - decay) * new_params``, beside the wrapped state."""
     average = state.param_states.ema
     treedef = jax.tree.structure(new_params)
     pairs = zip(treedef.flatten_up_to(average), jax.tree.leaves(new_params), strict=True)
     decay = self.decay
     average = treedef.unflatten([decay * e + (1 - decay) * p.astype(e.dtype) for e, p in pairs])
     new_state = EmaState(new_inner.param_states, average, state.param_states.count + 1)
-    return new_params, OptimizerState(new_inner.step, new_state)
+    return OptimizerState(new_inner.step, new_state)
 
   def keeps_ema(self) -> bool:
     return True
