@@ -103,7 +103,6 @@ from optcore._src.optax_wrapper import OptaxWrapper as OptaxWrapper
 from optcore._src.optax_wrapper import chain as chain
 from optcore._src.optax_wrapper import wrap_optax_optimizer as wrap_optax_optimizer
 from optcore._src.optimizer import Optimizer as Optimizer
-from optcore._src.optimizer import OptimizerState as OptimizerState
 from optcore._src.partition_rules import OptaxStatePartitionRules as OptaxStatePartitionRules
 from optcore._src.partition_rules import PartitionRuleError as PartitionRuleError
 from optcore._src.partition_rules import derive_optax_logical_axes as derive_optax_logical_axes
@@ -125,6 +124,7 @@ from optcore._src.sharding import logical_to_mesh_sharding as logical_to_mesh_sh
 from optcore._src.skip import SkipBadSteps as SkipBadSteps
 from optcore._src.skip import SkipState as SkipState
 from optcore._src.skip import skip_bad_steps as skip_bad_steps
+from optcore._src.state import OptimizerState as OptimizerState
 from optcore._src.state_axes import Placement as Placement
 from optcore._src.statistics import GroupNorms as GroupNorms
 from optcore._src.statistics import StatisticsState as StatisticsState

@@ -24,6 +24,7 @@ import sys as _sys
 from importlib.metadata import version as _version
 
 import flax as _flax
+import flax.core as _flax_core
 import jax as _jax
 from flax import nnx as _nnx
 from flax import serialization as _serialization
@@ -49,7 +50,7 @@ def _flax_traversal_mask(traversal, params):
   if isinstance(traversal, _traverse_util.ModelParamTraversal):
     return _optcore.ModelParamTraversal(traversal._filter_fn).mask(params)
   # Traversals write into dicts: mark a mutable copy, then give it the params' structure.
-  unpicked = _flax.core.unfreeze(_jax.tree.map(lambda _: False, params))
+  unpicked = _flax_core.unfreeze(_jax.tree.map(lambda _: False, params))
   picked = traversal.update(lambda sub: _jax.tree.map(lambda _: True, sub), unpicked)
   return _jax.tree.unflatten(_jax.tree.structure(params), _jax.tree.leaves(picked))
 
@@ -96,7 +97,7 @@ def install_legacy_namespace() -> None:
   _sys.modules["flax.optim"] = optim
   for name in optim.SUBMODULES:
     _sys.modules[f"flax.optim.{name}"] = getattr(optim, name)
-  _flax.optim = optim
+  setattr(_flax, "optim", optim)  # noqa: B010  (flax has no optim attribute to declare it)
 
 
 __version__ = _version("optcore-flax")

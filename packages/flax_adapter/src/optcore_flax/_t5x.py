@@ -11,6 +11,7 @@ import optcore
 
 
 class T5XFace:
+  overridable_names: Any  # the OptaxWrapper's it is mixed into
   """Mixed into a core definition (first in the bases), it behaves as T5X's:
 
   - an override the definition has no hyper-parameter for is ignored with a

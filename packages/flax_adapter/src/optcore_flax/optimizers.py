@@ -21,6 +21,7 @@ Example:
 from collections.abc import Callable as _Callable
 from collections.abc import Mapping as _Mapping
 from typing import Any as _Any
+from typing import cast as _cast
 
 import optax as _optax
 import optax.contrib as _optax_contrib
@@ -118,7 +119,10 @@ def wrap_optax_optimizer(optax_optimizer: _Callable[..., _Any]) -> _Callable[...
     >>> optimizers.wrap_optax_optimizer(optax.sgd)(0.1).hyper_params.learning_rate
     0.1
   """
-  return _optcore.wrap_optax_optimizer(optax_optimizer, definition_class=OptaxWrapper)
+  return _cast(
+    _Callable[..., OptaxWrapper],
+    _optcore.wrap_optax_optimizer(optax_optimizer, definition_class=OptaxWrapper),
+  )
 
 
 def _chain(transformations: _Any) -> _optax.GradientTransformation:
@@ -130,7 +134,10 @@ chain = _optcore.wrap_optax_optimizer(_chain, name="chain", definition_class=Opt
 
 
 def _t5x(factory: _Callable[..., _Any], name: str) -> _Callable[..., OptaxWrapper]:
-  return _optcore.wrap_optax_optimizer(factory, name=name, definition_class=OptaxWrapper)
+  return _cast(
+    _Callable[..., OptaxWrapper],
+    _optcore.wrap_optax_optimizer(factory, name=name, definition_class=OptaxWrapper),
+  )
 
 
 # Every optax alias (optcore.OPTAX_ALIASES; a test checks the list) and T5X's dpsgd, one per
@@ -190,7 +197,7 @@ def amos(*args: _Any, **kwargs: _Any) -> OptaxWrapper:
     T5X's amos needs jestimator.amos, but
   """
   try:
-    from jestimator import amos as jestimator_amos
+    from jestimator import amos as jestimator_amos  # pyright: ignore[reportMissingImports]
   except ImportError as e:
     raise ImportError(
       f"T5X's amos needs jestimator.amos, but it does not import here ({e}). jestimator 0.3.3, "

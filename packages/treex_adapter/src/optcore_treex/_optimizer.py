@@ -80,7 +80,7 @@ class Optimizer(to.Tree):
     (adam's, a schedule's); it is None where the state has none (plain sgd).
     """
     self._check_initialized()
-    return optcore.OptimizerState(self._step(), self.opt_state)
+    return optcore.OptimizerState(self._step(), self.opt_state)  # pyright: ignore[reportArgumentType]  # None: no count kept
 
   def current_hyper_params(self) -> dict[str, jax.Array]:
     """The hyper-parameters the next `update` takes unless overridden, for
@@ -290,7 +290,7 @@ class Optimizer(to.Tree):
       0
     """
     self._check_initialized()
-    reference = optcore.OptimizerState(self.step, self.opt_state)  # a None step is not read
+    reference = optcore.OptimizerState(self.step, self.opt_state)  # pyright: ignore[reportArgumentType]  # a None step is not read
     state = adapter.restore_state(self.optimizer_def, reference, state_dict)
     module = to.copy(self)
     module.opt_state = state.param_states
@@ -333,7 +333,7 @@ class Optimizer(to.Tree):
         "optcore_treex.Optimizer.transplant needs the parameters (it does not hold them): "
         "optcore.transplant(optimizer, state_dict, params)."
       )
-    reference = optcore.OptimizerState(self.step, self.opt_state)  # a None step is not read
+    reference = optcore.OptimizerState(self.step, self.opt_state)  # pyright: ignore[reportArgumentType]  # a None step is not read
     state, report = adapter.transplant_state(self.optimizer_def, params, reference, state_dict)
     module = to.copy(self)
     module.opt_state = state.param_states
@@ -436,7 +436,7 @@ class Optimizer(to.Tree):
 
   def _check_init_shapes(self, name: str, tree: PyTree) -> None:
     named, _ = optcore.leaves_with_paths(tree)
-    for (path, leaf), want in zip(named, self.param_shapes, strict=True):
+    for (path, leaf), want in zip(named, self.param_shapes or (), strict=True):
       if tuple(jnp.shape(leaf)) != want:
         raise ValueError(
           f"{name} has shape {tuple(jnp.shape(leaf))} at {path!r}, but this optimizer was "

@@ -43,4 +43,4 @@ def install() -> None:
   for name in _TREEO_MODULES:
     module = importlib.import_module(name)
     if getattr(module, "jax", None) is jax:
-      module.jax = stand_in
+      setattr(module, "jax", stand_in)  # noqa: B010  (a module attribute treeo reads)

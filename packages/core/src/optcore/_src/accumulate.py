@@ -10,12 +10,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.core import Tracer
 
 from optcore._src.base import OptimizerDef
 from optcore._src.checks import check_float_params
 from optcore._src.optax_wrapper import OptaxWrapper
-from optcore._src.optimizer import OptimizerState
 from optcore._src.serialization import StateDictError
+from optcore._src.state import OptimizerState
 from optcore._src.wrapper import (
   REQUIRED,
   Nested,
@@ -74,7 +75,7 @@ class Accumulate(StateWrapper):
     """A ``mini_step`` of ``every`` or more was written by a longer window: continuing would
     drop the gradients it holds (a state of every=4 at mini_step 3 read into every=2)."""
     mini_step = state.param_states.mini_step
-    if not isinstance(mini_step, jax.core.Tracer) and not 0 <= int(mini_step) < self.every:
+    if not isinstance(mini_step, Tracer) and not 0 <= int(mini_step) < self.every:
       raise StateDictError(
         f"at '{where}/mini_step': expected a count below every={self.every} for "
         f"{self!r}, found {int(mini_step)}: the state was written by an accumulation of a "

@@ -32,7 +32,7 @@ from optcore._src.checks import check_float_params, check_learning_rate
 from optcore._src.declarations import FirstMoment, SecondMoment
 from optcore._src.factoring import FactorRules, HParamMap, t5x_path
 from optcore._src.hyper_params import HyperParams, at_step
-from optcore._src.optimizer import OptimizerState
+from optcore._src.state import OptimizerState
 from optcore._src.user_warnings import warn
 
 PyTree = Any

@@ -13,7 +13,7 @@ import copy
 import dataclasses
 import functools
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Self, cast
 
 import jax
 import jax.numpy as jnp
@@ -28,7 +28,8 @@ from optcore._src.hyper_params import (
   current_values,
   is_schedule,
 )
-from optcore._src.optimizer import Optimizer, OptimizerState, replicated
+from optcore._src.optimizer import Optimizer, replicated
+from optcore._src.state import OptimizerState
 
 PyTree = Any
 
@@ -111,13 +112,17 @@ class OptimizerDef(
     "legacy_state_dicts",
   )
 
+  #: The hyper-parameters: one `HyperParams`, or for a definition of groups (`MultiOptimizer`)
+  #: one per group.
+  hyper_params: Any
+
   def __init__(self, hyper_params: HyperParams | Mapping[str, Any] | Any):
     if dataclasses.is_dataclass(hyper_params) and not isinstance(hyper_params, type):
       # flax.optim definitions pass a struct dataclass of their hyper-parameters.
       fields = dataclasses.fields(hyper_params)
       hyper_params = {f.name: getattr(hyper_params, f.name) for f in fields}
     if not isinstance(hyper_params, HyperParams):
-      hyper_params = HyperParams(**dict(hyper_params))
+      hyper_params = HyperParams(**dict(cast(Mapping[str, Any], hyper_params)))
     self.hyper_params = hyper_params
 
   def __init_subclass__(cls, **kwargs: Any):
@@ -329,7 +334,7 @@ class OptimizerDef(
     child sees: all of it, unless the definition says otherwise (a group its own leaves)."""
     return [params] * len(self.children())
 
-  def _renewed(self) -> OptimizerDef:
+  def _renewed(self) -> Self:
     """A shallow copy without the caches a definition keeps of itself, for `with_children`."""
     new = copy.copy(self)
     for cached in [k for k in new.__dict__ if k.endswith("_cache")]:

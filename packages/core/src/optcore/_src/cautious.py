@@ -14,7 +14,7 @@ import optax
 from optcore._src.base import OptimizerDef
 from optcore._src.checks import check_float_params
 from optcore._src.hyper_params import HyperParams
-from optcore._src.optimizer import OptimizerState
+from optcore._src.state import OptimizerState
 from optcore._src.wrapper import Nested, StateWrapper, one_of
 
 PyTree = Any

@@ -162,7 +162,7 @@ def check_float_params(params: PyTree) -> None:
         f"({leaf!r:.40}); parameters are float (or complex) arrays. Keep other values out of "
         "the optimised tree, or make this one an array."
       )
-    dtype = np.result_type(leaf) if not hasattr(leaf, "dtype") else leaf.dtype
+    dtype = getattr(leaf, "dtype", None) or np.result_type(leaf)
     if not jnp.issubdtype(dtype, jnp.inexact):
       what = "a PRNG key" if jnp.issubdtype(dtype, jax.dtypes.prng_key) else "dtype"
       raise TypeError(

@@ -10,7 +10,7 @@ import math
 import types
 import typing
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import jax.numpy as jnp
 import numpy as np
@@ -70,7 +70,11 @@ class Schedule:
 
   def __init__(self, name: str, **kwargs: Any):
     factory = getattr(optax.schedules, name, None)
-    if not _public_optax_function(optax.schedules, name) or not name.endswith("schedule"):
+    if (
+      factory is None
+      or not _public_optax_function(optax.schedules, name)
+      or not name.endswith("schedule")
+    ):
       raise ConfigError(f"optax.schedules has no schedule {name!r}")
     # JSON and YAML give string keys; optax's boundaries ({100: 0.1}) are step counts.
     kwargs = {k: _int_keys(v) for k, v in kwargs.items()}
@@ -545,8 +549,8 @@ def _transform_config(item: Any) -> dict[str, Any]:
 def _write(key: str, value: Any) -> Any:
   if isinstance(value, Schedule):
     return {"schedule": value.name, **value.kwargs}
-  if callable(value) and isinstance(getattr(value, "optcore_config", None), dict):
-    return dict(value.optcore_config)  # optcore's own schedules
+  if callable(value) and isinstance(written := getattr(value, "optcore_config", None), dict):
+    return dict(written)  # optcore's own schedules
   if isinstance(value, OptimizerDef):
     return to_config(value)
   if isinstance(value, _Transform):
@@ -558,7 +562,7 @@ def _write(key: str, value: Any) -> Any:
   if isinstance(value, FactorDim):
     return value.name.lower()
   if isinstance(value, (np.dtype, type)) or ("dtype" in key and value is not None):
-    return jnp.dtype(value).name
+    return jnp.dtype(cast(Any, value)).name
   if isinstance(value, (np.generic, np.ndarray)):
     return value.item() if np.ndim(value) == 0 else value.tolist()
   if value is None or isinstance(value, (bool, int, float, str)):

@@ -312,7 +312,7 @@ def undeclared_types(tree: PyTree) -> list[tuple[tuple, type]]:
       if fields is None:
         found.append((keys, type(node)))
         return
-      for name in node._fields:
+      for name in getattr(node, "_fields"):  # noqa: B009  (a NamedTuple, which tuple is not)
         if fields.get(name) is NESTED:
           visit((*keys, jax.tree_util.GetAttrKey(name)), getattr(node, name))
       return

@@ -251,6 +251,7 @@ def dion(
       b = m.T if transpose else m
       q_init = q.astype(m.dtype)
       q_now = q_init
+      pm = q_init  # power_iters >= 1 (checked): the loop sets it
       for i in range(power_iters):
         pm = orthonormalize(_mm(b, q_now), qr_method, keys[i], rcqr_oversample, use_cholesky)
         q_now = _mm(b.T, pm)
@@ -300,7 +301,7 @@ def dion(
     new, m, v, q = (treedef.unflatten(list(col)) for col in zip(*out, strict=True))
     return new, DionState(count, m, v, q, key)
 
-  return optax.GradientTransformation(init_fn, update_fn)
+  return optax.GradientTransformation(init_fn, update_fn)  # pyright: ignore[reportArgumentType]  # its own state type, optax's protocol says OptState
 
 
 def _check_settings(**settings: Any) -> None:

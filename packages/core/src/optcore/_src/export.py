@@ -135,7 +135,7 @@ def boxed_like_parameters(optimizer_def: Any, param_states: Any, params: PyTree)
   boxes, treedef = jax.tree.flatten(params, is_leaf=paths.is_box)
   if not any(map(paths.is_box, boxes)):
     return param_states
-  arrays = [paths.hidden_child(b)[0] if paths.is_box(b) else b for b in boxes]
+  arrays = [paths.unboxed(b) for b in boxes]
   # One token per dimension of each parameter: a state leaf that derives all of parameter i's
   # tokens, in order, has parameter i's shape and layout.
   tokens = [PartitionSpec(*(f"{i}/{d}" for d in range(np.ndim(a)))) for i, a in enumerate(arrays)]

@@ -186,7 +186,7 @@ class FactorRules:
     if rule is None:
       return _Roles(len(shape))
     heuristic = rule is HEURISTIC_RULE
-    if not heuristic and len(shape) <= 2:
+    if not isinstance(rule, HeuristicRule) and len(shape) <= 2:
       rule_dims = tuple(factor_name_to_factordim(r) for r in rule)
       if len(rule_dims) == len(shape) and FactorDim.BATCH not in rule_dims:
         _log_ignored_rule(path, shape, rule_dims)
@@ -205,6 +205,7 @@ class FactorRules:
       if shape[order[-2]] < hp.min_dim_size_to_factor:
         return _Roles(len(shape))
       return _Roles(len(shape), rows=(int(order[-2]),), cols=(int(order[-1]),))
+    assert not isinstance(rule, HeuristicRule)  # the heuristic returned above
     rule = tuple(factor_name_to_factordim(r) for r in rule)
     if len(rule) != len(shape):
       raise ValueError(

@@ -40,7 +40,8 @@ from optcore._src.grouped_layout import (
   unpack_tree,
 )
 from optcore._src.multi_optimizer import MultiOptimizer
-from optcore._src.optimizer import BoundOptimizer, OptimizerState, Pins
+from optcore._src.optimizer import BoundOptimizer, Pins
+from optcore._src.state import OptimizerState
 from optcore._src.wrapper import Wrapper
 
 PyTree = Any
@@ -158,7 +159,7 @@ class Grouped(Wrapper):
       params = self.layout(params).pack(params)
     return self.inner_for(params.layout).init_state(params)
 
-  def create(self, target: PyTree, focus: Any = None) -> GroupedOptimizer:
+  def create(self, target: PyTree, focus: Any = None) -> GroupedOptimizer:  # pyright: ignore[reportIncompatibleMethodOverride]  # its own container
     """A `GroupedOptimizer` over ``target``: its small leaves, and their
     state, grouped from here on. ``focus`` as in `OptimizerDef.create`."""
     if focus is not None:
@@ -205,7 +206,7 @@ class Grouped(Wrapper):
 
   # Logical axes and shardings: a buffer is replicated (split under state_axis).
 
-  def derive_logical_axes(self, optimizer: Any, param_logical_axes: PyTree) -> GroupedOptimizer:
+  def derive_logical_axes(self, optimizer: Any, param_logical_axes: PyTree) -> GroupedOptimizer:  # pyright: ignore[reportIncompatibleMethodOverride]  # its own container
     packed, target_axes = self._target_axes(optimizer, param_logical_axes)
     inner = self.inner_for(packed.layout)
     state = state_axes.state_axes_of_full_rank(inner, optimizer.packed_state, packed, target_axes)

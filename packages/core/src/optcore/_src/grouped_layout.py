@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import jax
@@ -195,7 +195,8 @@ def _flatten_with_keys(g: GroupedParams):
   return keys, g.layout
 
 
-def _unflatten(layout: GroupLayout, children: Sequence[Any]) -> GroupedParams:
+def _unflatten(layout: GroupLayout, children: Iterable[Any]) -> GroupedParams:
+  children = tuple(children)
   n = len(layout.buffers)
   return GroupedParams(layout, tuple(children[:n]), tuple(children[n:]))
 

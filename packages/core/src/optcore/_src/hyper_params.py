@@ -10,6 +10,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.core import Tracer
 
 
 def is_numeric(value: Any) -> bool:
@@ -127,7 +128,7 @@ def static_key(value: Any, _seen: frozenset = frozenset()) -> Any:
   """
   if value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
     return (type(value).__name__, value)
-  if isinstance(value, jax.core.Tracer):
+  if isinstance(value, Tracer):
     return ("traced", id(value))
   if isinstance(value, np.dtype) or (
     isinstance(value, type) and (issubclass(value, np.generic) or hasattr(value, "dtype"))
@@ -311,6 +312,7 @@ class HyperParams(Mapping[str, Any]):
     if self._key_cache is None:
       key = tuple((name, static_key(value)) for name, value in self._values.items())
       object.__setattr__(self, "_key_cache", key)
+      return key
     return self._key_cache
 
   def __repr__(self) -> str:

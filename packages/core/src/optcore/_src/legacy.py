@@ -15,6 +15,7 @@ from typing import Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.core import Tracer
 
 from optcore._src.base import OptimizerDef
 from optcore._src.declarations import FirstMoment, SecondMoment
@@ -66,7 +67,7 @@ def _bias_correction(beta: Any, step: jax.Array, dtype: Any) -> jax.Array:
   computed once per (step, beta, dtype) there (jit dedupes it by itself).
   """
   dtype = jax.dtypes.canonicalize_dtype(dtype)
-  if isinstance(step, jax.core.Tracer) or not isinstance(beta, (int, float)):
+  if isinstance(step, Tracer) or not isinstance(beta, (int, float)):
     return 1 - beta ** jnp.asarray(step + 1, dtype)
   key = (id(step), beta, jnp.dtype(dtype).str)
   hit = _EAGER_CORRECTIONS.get(key)

@@ -16,7 +16,6 @@ from optcore._src import declarations, paths
 from optcore._src.base import OptimizerDef
 from optcore._src.checks import check_regex
 from optcore._src.declarations import Role, UndeclaredStateError
-from optcore._src.optimizer import OptimizerState
 from optcore._src.quantization import (
   QuantizedArray,
   check_block_size,
@@ -25,6 +24,7 @@ from optcore._src.quantization import (
   is_quantized,
   requantize_like,
 )
+from optcore._src.state import OptimizerState
 from optcore._src.user_warnings import warn
 from optcore._src.wrapper import (
   Nested,

@@ -169,7 +169,7 @@ def mars(
     new_updates, m, v, vmax = (treedef.unflatten(list(col)) for col in zip(*out, strict=True))
     return new_updates, MarsState(count, m, v, vmax if amsgrad else (), updates)
 
-  return optax.GradientTransformation(init_fn, update_fn)
+  return optax.GradientTransformation(init_fn, update_fn)  # pyright: ignore[reportArgumentType]  # its own state type, optax's protocol says OptState
 
 
 __all__ = ["MarsState", "mars"]

@@ -189,12 +189,12 @@ def dimension_roles(
   for keys, leaf, entries in named:
     path, shape = paths.path_str(keys), tuple(leaf.shape)
     roles = []
-    for dim, entry in enumerate(entries):
+    for dim, entry in enumerate(entries or ()):
       name = single_name(optimizer, path, entry)
       if name is None or name not in table:
         if len(shape) > 2:
           raise PartitionRuleError(
-            f"{optimizer}: the parameter at {path!r} (shape {shape}, axes {tuple(entries)}) "
+            f"{optimizer}: the parameter at {path!r} (shape {shape}, axes {tuple(entries or ())}) "
             f"has {'no axis name' if name is None else f'the axis {name!r}'} at dimension "
             f"{dim}, which no matrix rule covers: is it a matrix dimension or a stack of "
             "copies? Name it in the logical axes, or pass matrix_rules="
@@ -297,7 +297,7 @@ def _dimension_numbers(path: str, param: Any, spec: Any, table: Mapping[str, str
         f"dimension {dim}, which no matrix rule covers. Name it in the logical axes, or pass "
         f"matrix_rules={{{(name or 'its_axis')!r}: 'matrix' | 'batch' | 'adam'}}."
       )
-  roles = [table[name] for name in names]
+  roles = [table[name] for name in names if name is not None]
   if "adam" in roles:
     return None
   matrix = [d for d, role in enumerate(roles) if role == "matrix"]
@@ -353,7 +353,7 @@ def _signature() -> inspect.Signature:
   return base.replace(parameters=[*base.parameters.values(), *extra])
 
 
-muon_with_axes = functools.wraps(optax_contrib.muon)(_muon_with_axes)
+muon_with_axes: Any = functools.wraps(optax_contrib.muon)(_muon_with_axes)
 muon_with_axes.__signature__ = _signature()
 muon_with_axes.__doc__ = (
   "optax.contrib.muon, whose matrix dimensions optcore derives from the parameters' logical "

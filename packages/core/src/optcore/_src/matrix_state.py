@@ -31,7 +31,7 @@ class Preconditioners:
 
   def __init__(
     self,
-    matrices: tuple[jax.Array | None, ...],
+    matrices: tuple[Any, ...],
     dims: tuple[int | None, ...],
     batch_dims: tuple[int, ...] = (),
   ):
@@ -57,7 +57,7 @@ class Preconditioners:
   __hash__ = None  # type: ignore[assignment]  # holds arrays
 
   def __repr__(self) -> str:
-    shown = [tuple(m.shape) if hasattr(m, "shape") else m for m in self.matrices]
+    shown = [getattr(m, "shape", m) for m in self.matrices]
     return f"Preconditioners({shown}, dims={self.dims}, batch_dims={self.batch_dims})"
 
 

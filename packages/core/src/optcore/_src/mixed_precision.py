@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from optcore._src import paths
 from optcore._src.base import OptimizerDef
 from optcore._src.checks import check_float_params
-from optcore._src.optimizer import OptimizerState
+from optcore._src.state import OptimizerState
 from optcore._src.wrapper import (
   Nested,
   ParamShaped,

@@ -26,7 +26,7 @@ from optcore._src import definition_tree, paths
 from optcore._src.base import OptimizerDef, PyTree
 from optcore._src.export import optax_update_arguments
 from optcore._src.hyper_params import HyperParams
-from optcore._src.optimizer import OptimizerState
+from optcore._src.state import OptimizerState
 from optcore._src.traversal import Selector, SelectorError, leaves_with_paths, selector_mask
 from optcore._src.user_warnings import warn
 
@@ -229,9 +229,9 @@ class MultiOptimizer(OptimizerDef):
       for m in masks
     ]
 
-  def apply_gradient(
+  def apply_gradient(  # type: ignore[override]  # one HyperParams per group
     self,
-    hyper_params: Sequence[HyperParams],
+    hyper_params: Any,
     params: PyTree,
     state: OptimizerState,
     grads: PyTree,
@@ -298,7 +298,7 @@ class MultiOptimizer(OptimizerDef):
         new_states.append(sub_state)
       return out, tuple(new_states)
 
-    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+    return optax.GradientTransformationExtraArgs(init_fn, update_fn)  # pyright: ignore[reportArgumentType]  # a tuple state, optax's protocol says OptState
 
   def check_state_values(self, state: OptimizerState, where: str = "state/param_states") -> None:
     """Each group's own checks, on its own state (`accumulate` around a group's definition)."""
@@ -389,7 +389,7 @@ class MultiOptimizer(OptimizerDef):
     """Every name some group accepts."""
     return frozenset().union(*(opt.overridable_names() for opt in self.sub_optimizers))
 
-  def update_hyper_params(self, **hyper_param_overrides: Any) -> list[HyperParams]:
+  def update_hyper_params(self, **hyper_param_overrides: Any) -> Any:  # one per group
     """``hyper_params=[...]`` replaces all; a keyword goes to each group that has it."""
     hyper_params = list(hyper_param_overrides.pop("hyper_params", self.hyper_params))
     if len(hyper_params) != len(self.sub_optimizers):

@@ -36,6 +36,17 @@ PyTree = Any
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 
 
+def _second_axes(field: PyTree, state: Any, params_axes: PyTree, params: PyTree) -> PyTree:
+  """Partition rule of ``second_momentum``: the parameter's axes, with the size-1 column
+  dimension of a matrix's per-row moment replicated."""
+
+  def per_param(leaf: Any, spec: PartitionSpec, keys: tuple) -> PartitionSpec:
+    entries = tuple(spec) + (None,) * (leaf.ndim - len(tuple(spec)))
+    return PartitionSpec(*(None if n == 1 else e for n, e in zip(leaf.shape, entries, strict=True)))
+
+  return pr.map_params(per_param, field, params_axes)
+
+
 class NorMuonState(NamedTuple):
   """The optax state of `normuon`.
 
@@ -185,18 +196,7 @@ def normuon(
     new, m, s = (treedef.unflatten(list(col)) for col in zip(*out, strict=True))
     return new, NorMuonState(count, m, s)
 
-  return optax.GradientTransformation(init_fn, update_fn)
-
-
-def _second_axes(field: PyTree, state: Any, params_axes: PyTree, params: PyTree) -> PyTree:
-  """Partition rule of ``second_momentum``: the parameter's axes, with the size-1 column
-  dimension of a matrix's per-row moment replicated."""
-
-  def per_param(leaf: Any, spec: PartitionSpec, keys: tuple) -> PartitionSpec:
-    entries = tuple(spec) + (None,) * (leaf.ndim - len(tuple(spec)))
-    return PartitionSpec(*(None if n == 1 else e for n, e in zip(leaf.shape, entries, strict=True)))
-
-  return pr.map_params(per_param, field, params_axes)
+  return optax.GradientTransformation(init_fn, update_fn)  # pyright: ignore[reportArgumentType]  # its own state type, optax's protocol says OptState
 
 
 __all__ = ["NorMuonState", "newton_schulz5", "normuon"]

@@ -21,7 +21,7 @@ import optax
 import optax.contrib
 from jax.sharding import PartitionSpec
 
-from optcore._src import declarations
+from optcore._src import declarations, paths
 from optcore._src import partition_rules as pr
 
 P, R, N = "params", "replicated", "nested"
@@ -110,7 +110,9 @@ def _factored_rule(state, params_axes, params):
 
 def _at(tree: Any, keys: tuple) -> Any:
   for key in keys:
-    tree = dict(pr.paths.children_with_keys(tree)[0])[key]
+    children = paths.children_with_keys(tree)
+    assert children is not None, keys  # keys came from flattening this tree
+    tree = dict(children[0])[key]
   return tree
 
 
@@ -147,7 +149,7 @@ def _lookahead_fast(field, state, params_axes, params):
 
 
 def _split_complex(field, state, params_axes, params):
-  pair = T("SplitRealAndImaginaryArrays")
+  pair: Any = T("SplitRealAndImaginaryArrays")  # present wherever its state is
 
   def split(value, spec):
     dtype = np.dtype(value.dtype)

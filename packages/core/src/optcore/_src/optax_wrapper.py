@@ -14,7 +14,7 @@ import collections
 import functools
 import inspect
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, ParamSpec
+from typing import Any, ParamSpec, cast
 
 import jax
 import jax.numpy as jnp
@@ -26,7 +26,7 @@ from optcore._src.base import OptimizerDef
 from optcore._src.checks import check_float_params, check_gradients
 from optcore._src.export import boxed_like_parameters, optax_update_arguments
 from optcore._src.hyper_params import HyperParams, name_hint, static_key
-from optcore._src.optimizer import OptimizerState
+from optcore._src.state import OptimizerState
 
 PyTree = Any
 
@@ -69,7 +69,7 @@ class OptaxWrapper(OptimizerDef):
     name: str | None = None,
   ):
     factory = None if hyper_params is None else optax_optimizer
-    if factory is not None:
+    if factory is not None and hyper_params is not None:
       hyper_params = _arguments(factory, hyper_params, name)
       for key, value in hyper_params.items():  # optax's ScalarOrSchedule arguments
         if key.endswith("learning_rate") and callable(value) and not hasattr(value, "shape"):
@@ -79,7 +79,7 @@ class OptaxWrapper(OptimizerDef):
       name = getattr(source, "__name__", None) or type(source).__name__
     super().__init__(HyperParams() if hyper_params is None else hyper_params)
     self._factory = factory
-    self._name = name
+    self._name: str = name or type(optax_optimizer).__name__
     # optax's dpsgd clips and noises one gradient per example: a leading batch axis.
     self.per_example_gradients = factory is optax.contrib.dpsgd
     if factory is None:
@@ -132,7 +132,7 @@ class OptaxWrapper(OptimizerDef):
 
   def with_param_logical_axes(self, param_logical_axes: PyTree) -> OptaxWrapper:
     if self.children():  # chain([...]), schedule_free(...): its members read them
-      return super().with_param_logical_axes(param_logical_axes)
+      return cast(OptaxWrapper, super().with_param_logical_axes(param_logical_axes))
     if not self.reads_param_logical_axes():
       return self  # no such argument, or its own axes win
     return self.with_hyper_params(self.hyper_params.replace(param_logical_axes=param_logical_axes))
@@ -361,8 +361,11 @@ def wrap_optax_optimizer(
     >>> opt.target['w']
     Array([1., 1.], dtype=float32)
   """
-  if name is None:
-    name = getattr(optax_optimizer, "__name__", None) or type(optax_optimizer).__name__
+  shown: str = (
+    name
+    if name is not None
+    else str(getattr(optax_optimizer, "__name__", None) or type(optax_optimizer).__name__)
+  )
 
   cls = OptaxWrapper if definition_class is None else definition_class
   if not (isinstance(cls, type) and issubclass(cls, OptaxWrapper)):
@@ -374,22 +377,23 @@ def wrap_optax_optimizer(
     try:
       bound = signature.bind(*args, **kwargs)
     except TypeError as e:
-      raise TypeError(f"{name}(): {_argument_message(e, kwargs, signature, name)}") from None
+      raise TypeError(f"{shown}(): {_argument_message(e, kwargs, signature, shown)}") from None
     bound.apply_defaults()
     if validate is not None:
       validate(bound.arguments)
-    return cls(optax_optimizer, bound.arguments, name=name)
+    return cls(optax_optimizer, bound.arguments, name=shown)
 
   try:
     functools.update_wrapper(wrapped, optax_optimizer)
   except AttributeError:  # functools.partial objects have no __name__
     wrapped.__doc__ = getattr(optax_optimizer, "__doc__", None)
-  wrapped.__name__ = wrapped.__qualname__ = name.rsplit(".", 1)[-1]
+  wrapped.__name__ = wrapped.__qualname__ = shown.rsplit(".", 1)[-1]
   # optax's arguments, and what the factory returns: a definition (optax's says a transformation).
   # An adapter's face (T5X's, whose functools.wraps showed optax's signature) keeps optax's.
   own = definition_class is None
-  wrapped.__signature__ = _readable(signature).replace(return_annotation=cls) if own else signature
-  wrapped.__wrapped__ = optax_optimizer
+  readable = _readable(signature).replace(return_annotation=cls) if own else signature
+  setattr(wrapped, "__signature__", readable)  # noqa: B010  (what inspect.signature reads)
+  setattr(wrapped, "__wrapped__", optax_optimizer)  # noqa: B010
   return wrapped
 
 
@@ -597,7 +601,8 @@ def as_definition(optimizer: Any, who: str) -> OptimizerDef:
       f"{who} owns its parameters, so {optimizer.display_name()} could only group them for "
       "each step and split them back, which measured no reliable gain over the ungrouped step "
       "and compiles slower (the performance page has the numbers). Pass the ungrouped "
-      f"definition, {optimizer.optimizer_def!r}, or keep the parameters grouped between steps "
+      f"definition, {getattr(optimizer, 'optimizer_def', optimizer)!r}, or keep the parameters "
+      "grouped between steps "
       "with optcore's own Optimizer: optcore.grouped(...).create(params)."
     )
   if isinstance(optimizer, OptimizerDef):

@@ -232,8 +232,8 @@ class Optimizer(BoundOptimizer[T]):
   """
 
   optimizer_def: Any  # an OptimizerDef (defined on top of this module)
-  state: OptimizerState
-  target: T
+  state: OptimizerState  # pyright: ignore[reportIncompatibleMethodOverride]  # a field here
+  target: T  # pyright: ignore[reportIncompatibleMethodOverride]  # a field here
   # create_sharded's shardings of the target's leaves (see `Pins`): each step constrains the new
   # target to them, so ZeRO-1's split state never leaks into the parameters of a plain jax.jit
   # step. Pins() (none): the compiler decides.

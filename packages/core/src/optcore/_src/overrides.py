@@ -20,11 +20,12 @@ from __future__ import annotations
 import collections
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeGuard, cast
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.core import Tracer
 
 from optcore._src import paths
 from optcore._src.hyper_params import HyperParams, is_numeric, static_key, unknown_names_message
@@ -44,7 +45,7 @@ _CHECKED: collections.OrderedDict = collections.OrderedDict()
 
 def resolve(optimizer_def: Any, **hyper_param_overrides: Any) -> HyperParams:
   """`OptimizerDef.update_hyper_params`: the hyper-parameters for one step."""
-  hyper_params = hyper_param_overrides.pop("hyper_params", optimizer_def.hyper_params)
+  hyper_params: Any = hyper_param_overrides.pop("hyper_params", optimizer_def.hyper_params)
   own = optimizer_def.hyper_params
   if dataclasses.is_dataclass(hyper_params) and not isinstance(hyper_params, type):
     # flax.optim's struct dataclass of hyper-parameters, as a user's own definition has it.
@@ -71,18 +72,18 @@ def resolve(optimizer_def: Any, **hyper_param_overrides: Any) -> HyperParams:
     )
   if hyper_param_overrides:
     try:
-      replaced = hyper_params.replace(**hyper_param_overrides)
+      replaced = cast(HyperParams, hyper_params).replace(**hyper_param_overrides)
     except TypeError as e:
       raise TypeError(f"{optimizer_def!r}: {e}") from None
     for name, value in hyper_param_overrides.items():
       if value is None and name in optimizer_def.none_means_off:
         continue  # the original's code reads None as "off"
-      check_override(optimizer_def.display_name(), name, hyper_params[name], value)
+      check_override(optimizer_def.display_name(), name, cast(Any, hyper_params)[name], value)
     hyper_params = replaced
-  return hyper_params
+  return cast(HyperParams, hyper_params)
 
 
-def _is_nested(value: Any) -> bool:
+def _is_nested(value: Any) -> TypeGuard[Any]:
   """A wrapped optax factory (``optcore.adamw(...)``) among a factory's arguments."""
   return getattr(value, "factory", None) is not None and hasattr(value, "with_hyper_params")
 
@@ -177,7 +178,7 @@ def check_state_effect(
   except TypeError:
     # optax branches on a value in Python: concrete values may still go in
     # as constants (only the layout can be checked then); traced ones cannot.
-    if any(isinstance(v, jax.core.Tracer) for v in traced.values()):
+    if any(isinstance(v, Tracer) for v in traced.values()):
       raise
     _check_layout_and_init_use(wrapper, changed, {}, params, opt_state)
 
@@ -297,7 +298,7 @@ def check_override(owner: str, name: str, current: Any, value: Any) -> None:
         f"{owner}: the override {name}={value!r} is a {type(value).__name__}; {name} is a flag "
         f"and takes True or False."
       )
-    if isinstance(value, jax.core.Tracer):
+    if isinstance(value, Tracer):
       raise TypeError(
         f"{owner}: the override {name} is a traced boolean; {name} is a flag that chooses which "
         "code the step runs, so it must be a Python bool when the step is traced. Pass "
@@ -323,7 +324,7 @@ def check_override(owner: str, name: str, current: Any, value: Any) -> None:
     )
   if _dtype_kind(value) not in "iufc":
     raise TypeError(
-      f"{owner}: the override {name} has dtype {value.dtype}; {name} takes a number or a "
+      f"{owner}: the override {name} has dtype {_dtype_of(value)}; {name} takes a number or a "
       "scalar array of numbers."
     )
   if _dtype_kind(value) == "c" and _dtype_kind(current) != "c":
@@ -331,7 +332,7 @@ def check_override(owner: str, name: str, current: Any, value: Any) -> None:
       f"{owner}: the override {name}={value!r} is complex; {name} takes a real number (the "
       "imaginary part would be dropped silently). Pass its real part if that is what you mean."
     )
-  abstract = isinstance(value, (jax.core.Tracer, jax.ShapeDtypeStruct))
+  abstract = isinstance(value, (Tracer, jax.ShapeDtypeStruct))
   if not abstract and not np.all(np.isfinite(np.asarray(value))):
     raise ValueError(
       f"{owner}: the override {name}={value!r} is not finite; every parameter it touches "
@@ -340,7 +341,7 @@ def check_override(owner: str, name: str, current: Any, value: Any) -> None:
   want = tuple(getattr(current, "shape", ()))
   if tuple(getattr(value, "shape", ())) != want:
     raise ValueError(
-      f"{owner}: the override {name} has shape {tuple(value.shape)}; {name} takes "
+      f"{owner}: the override {name} has shape {tuple(getattr(value, 'shape', ()))}; {name} takes "
       + ("a scalar" if not want else f"shape {want}")
       + " (one value for every parameter; a per-parameter value would broadcast silently)."
     )
@@ -379,6 +380,10 @@ def _schedule_output(owner: str, name: str, schedule: Any) -> Any:
 
 def _is_array(x: Any) -> bool:
   return hasattr(x, "shape") and hasattr(x, "dtype")
+
+
+def _dtype_of(x: Any) -> np.dtype:
+  return np.dtype(x.dtype) if _is_array(x) else np.asarray(x).dtype
 
 
 def _dtype_kind(x: Any) -> str:

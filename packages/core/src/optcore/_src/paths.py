@@ -166,9 +166,18 @@ def is_box(node: Any) -> bool:
   return hidden is not None and children_with_keys(hidden[0]) is None
 
 
+def unboxed(node: Any) -> Any:
+  """The array a registered single-array wrapper holds; any other node as it is."""
+  hidden = hidden_child(node) if is_box(node) else None
+  return node if hidden is None else hidden[0]
+
+
 def box_as(box: Any, value: Any) -> Any:
   """``value`` in a wrapper of ``box``'s type and metadata (an nnx Param's sharding)."""
-  return hidden_child(box)[1].unflatten([value])
+  hidden = hidden_child(box)
+  if hidden is None:
+    raise TypeError(f"{type(box).__name__} is not a registered wrapper of one array")
+  return hidden[1].unflatten([value])
 
 
 def rebox_like(tree: Any, reference: Any) -> Any:
@@ -208,7 +217,7 @@ def unbox(tree: Any) -> Any:
   """
   if not _HIDDEN_LEVELS:
     return tree
-  return jax.tree.map(lambda x: hidden_child(x)[0] if is_box(x) else x, tree, is_leaf=is_box)
+  return jax.tree.map(unboxed, tree, is_leaf=is_box)
 
 
 def _is_unread_nnx_variable(node: Any) -> bool:

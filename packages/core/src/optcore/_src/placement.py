@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import jax
+from jax.core import Tracer
 from jax.sharding import Mesh, NamedSharding
 
 from optcore._src import paths
@@ -78,8 +79,8 @@ def with_memory_kind(state: PyTree, shardings: PyTree, mesh: Mesh, memory_kind: 
   kind, or for ``(pattern, kind)`` pairs each leaf whose path (``param_states/0/nu/w``) a
   pattern finds, in the first such pattern's kind (the others stay where they are). Scalars
   (step counters) stay on the device, where every step reads them."""
-  rules = memory_kind_rules(memory_kind)
-  rules = ((".*", rules),) if isinstance(rules, str) else rules
+  given = memory_kind_rules(memory_kind)
+  rules = ((".*", given),) if isinstance(given, str) else (given or ())
   for _, kind in rules:
     check_memory_kind(mesh, kind)
   keyed, treedef = jax.tree_util.tree_flatten_with_path(state)
@@ -148,9 +149,9 @@ def placed_like(value: Any, reference: Any, *, placed_only: bool = False) -> Any
   or where ``reference`` is no array. ``placed_only``: only where ``reference`` was placed on
   purpose (a `NamedSharding`, as `create_sharded` gives, or host memory); a plain array on the
   default device leaves ``value`` as it is (a flax.optim restore gives NumPy arrays back)."""
-  if not isinstance(reference, jax.Array) or isinstance(reference, jax.core.Tracer):
+  if not isinstance(reference, jax.Array) or isinstance(reference, Tracer):
     return value
-  if isinstance(value, jax.core.Tracer):
+  if isinstance(value, Tracer):
     return value
   sharding = reference.sharding
   if placed_only and not (

@@ -20,8 +20,9 @@ import jax
 
 from optcore._src import paths, schedule_free
 from optcore._src.base import OptimizerDef
-from optcore._src.optimizer import OptimizerState, fill_unaveraged
+from optcore._src.optimizer import fill_unaveraged
 from optcore._src.skip import SkipState
+from optcore._src.state import OptimizerState
 from optcore._src.wrapper import wrapper_states
 
 PyTree = Any
@@ -188,7 +189,10 @@ def skipped_steps(optimizer: Any, *, optimizer_def: OptimizerDef | None = None) 
       f"optcore.skipped_steps: {opt_def.display_name()} skips no steps; wrap it: "
       "optcore.skip_bad_steps(opt_def, window=..., sigmas=..., warmup=...)."
     )
-  return sum((s.skipped for s in found[1:]), found[0].skipped)
+  total = found[0].skipped
+  for state in found[1:]:  # one a skip_bad_steps (in each MultiOptimizer group)
+    total = total + state.skipped
+  return total
 
 
 def statistics(optimizer: Any, *, optimizer_def: OptimizerDef | None = None) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec
 
@@ -363,7 +364,7 @@ def _python_value(value: Any, ref: Any, path: str) -> Any:
 
 def _is_key(x: Any) -> bool:
   dtype = getattr(x, "dtype", None)
-  return dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+  return dtype is not None and jnp.issubdtype(dtype, jax.dtypes.prng_key)
 
 
 def _wrap_key_data(ref: Any, value: Any, path: str) -> Any:
@@ -374,7 +375,7 @@ def _wrap_key_data(ref: Any, value: Any, path: str) -> Any:
       f"at {path!r}: expected {describe(ref)} or its key data of shape {expected.shape} and "
       f"dtype {expected.dtype}, found {describe(value)}."
     )
-  return jax.random.wrap_key_data(np.asarray(value), impl=impl)
+  return jax.random.wrap_key_data(jnp.asarray(value), impl=impl)
 
 
 def key_data_for_export(tree: Any) -> Any:

@@ -592,7 +592,7 @@ def shampoo(
     if low is not None and value < low:
       raise ValueError(f"shampoo: {name} is at least {low}, not {value!r}")
   check_rules_with_axes("shampoo", param_logical_axes, matrix_rules)
-  config = dict(
+  config: dict[str, Any] = dict(
     block_size=int(block_size),
     merge_small_dims_block_size=int(merge_small_dims_block_size),
     best_effort_shape_interpretation=bool(best_effort_shape_interpretation),
@@ -767,7 +767,7 @@ def shampoo(
       update = -1.0 * (lr if decoupled_learning_rate else 1.0) * momentum_update
       return (
         update.astype(dtype),
-        diag if not diagonal else new_diag.astype(diag.dtype),
+        diag if new_diag is None else new_diag.astype(diag.dtype),
         new_momentum.astype(momentum.dtype),
         new_diag_momentum.astype(diag_momentum.dtype),
       ), ()

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from optcore._src.base import OptimizerDef
-from optcore._src.optimizer import OptimizerState
+from optcore._src.state import OptimizerState
 from optcore._src.wrapper import Nested, Replicated, StateWrapper
 
 PyTree = Any

@@ -489,7 +489,7 @@ def soap(
       return one_copy(grad, param, exp_avg, exp_avg_sq, ggs, qs)
     return _on_copies(layout, one_copy, grad, param, exp_avg, exp_avg_sq, ggs, qs)
 
-  return optax.GradientTransformation(init_fn, update_fn)
+  return optax.GradientTransformation(init_fn, update_fn)  # pyright: ignore[reportArgumentType]  # its own state type, optax's protocol says OptState
 
 
 def _is_zero(x: Any) -> bool:

@@ -19,7 +19,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from optcore._src import partition_rules, sharding, stored
 from optcore._src import placement as memory
-from optcore._src.optimizer import Optimizer, OptimizerState
+from optcore._src.optimizer import Optimizer
+from optcore._src.state import OptimizerState
 
 PyTree = Any
 LogicalAxisRules = Sequence[tuple[str, Any]]
@@ -203,7 +204,7 @@ class Placement:
           "optcore.Placement(mesh, rules, state_axis=..., state_memory_kind=...)."
         )
       return mesh
-    return cls(mesh, logical_axis_rules, **state)
+    return cls(mesh, logical_axis_rules, **state)  # pyright: ignore[reportArgumentType]  # None: no mesh, refused where one is needed
 
   def state_shardings(self, state: PyTree, state_axes: PyTree, *, report: bool = True) -> PyTree:
     """The `NamedSharding` of every leaf of ``state`` from its logical axes: mapped onto the
@@ -263,7 +264,7 @@ def state_axes_of_full_rank(
 ) -> OptimizerState:
   """`state_logical_axes` from axes already normalised (one full-rank spec per parameter)."""
   state_axes = optimizer_def.derive_param_states_axes(state.param_states, params, axes)
-  return OptimizerState(PartitionSpec(), state_axes)
+  return OptimizerState(PartitionSpec(), state_axes)  # pyright: ignore[reportArgumentType]  # axes in the state's structure
 
 
 def state_shardings(

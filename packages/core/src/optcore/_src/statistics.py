@@ -14,8 +14,8 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 from optcore._src.base import OptimizerDef
-from optcore._src.optimizer import OptimizerState
 from optcore._src.paths import some_paths
+from optcore._src.state import OptimizerState
 from optcore._src.traversal import leaves_with_paths
 from optcore._src.user_warnings import warn
 from optcore._src.wrapper import Nested, StateWrapper
@@ -187,10 +187,11 @@ class WithStatistics(StateWrapper):
     assigned, names = self._assignment(params)
     empty = [name for name in names if name != GLOBAL and name not in assigned]
     if empty:
+      patterns = self.groups if isinstance(self.groups, Mapping) else {}
       named, _ = leaves_with_paths(params)
       shown = some_paths([path for path, _ in named])
       warn(
-        f"with_statistics: {', '.join(f'group {g!r} ({self.groups[g]!r})' for g in empty)} "
+        f"with_statistics: {', '.join(f'group {g!r} ({patterns.get(g)!r})' for g in empty)} "
         f"matches no parameter, so its lines will be zeros; the parameters' paths are {shown}. "
         "To fix: give a regex one of them matches, or drop the group."
       )
@@ -224,7 +225,7 @@ class WithStatistics(StateWrapper):
     index = {name: i for i, name in enumerate(names)}
     if columns:
       stacked = jnp.stack(columns)
-      ids = np.array([index.get(g, len(names) - 1) for g in assigned], np.int32)
+      ids = np.array([index.get(str(g), len(names) - 1) for g in assigned], np.int32)
       totals = jax.ops.segment_sum(stacked, ids, num_segments=len(names))
       totals = totals.at[-1].set(jnp.sum(stacked, 0))
     else:

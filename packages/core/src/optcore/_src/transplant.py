@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
-import jax
+import jax.numpy as jnp
 import numpy as np
 
 from optcore._src import declarations, paths, placement, stored
@@ -234,7 +234,7 @@ def transplant_state(
       groups.setdefault((counted_by[leaf.path], leaf.param), []).append(leaf)
   for members in groups.values():
     members = [m for m in members if not m.may_restart_alone]
-    missing = sorted({m.role for m in members if found[m.path].problem})
+    missing = sorted({str(m.role) for m in members if found[m.path].problem})
     if missing and len(missing) < len(members):
       verb = "starts" if len(missing) == 1 else "start"
       roles = ", ".join(map(repr, missing))
@@ -260,7 +260,8 @@ def transplant_state(
       continue
     source = by_key.get(leaf.key) or _same_name_beside(leaf, old)
     if source is None:  # the count of the moments it counts for, where they came from one
-      owners = {old_counted_by.get(found[p.path].source.path) for p in counted}
+      sources = [found[p.path].source for p in counted]
+      owners = {old_counted_by.get(s.path) for s in sources if s is not None}
       owner = next(iter(owners)) if len(owners) == 1 else None
       counter = _counters(old).get(owner) if owner is not None else None
       if counter is not None and leaf.declared is not None and counter.declared is not None:
@@ -278,7 +279,7 @@ def transplant_state(
   for leaf in new:
     value, source, problem, note = found[leaf.path]
     path, source_path = "/".join(leaf.path), source and "/".join(source.path)
-    if problem:
+    if problem or source is None:
       initialised.append(TransplantEntry(path, source_path, problem))
       continue
     used.add(source.path)
@@ -286,12 +287,11 @@ def transplant_state(
     note = "; ".join(filter(None, [note, _cast_note(source.value, leaf.value)]))
     kept.append(TransplantEntry(path, source_path, note))
   dropped = tuple(TransplantEntry("/".join(leaf.path)) for leaf in old if leaf.path not in used)
-  kept, initialised = tuple(kept), tuple(initialised)
 
   filled = _replace_leaves(written, values)
   new_state = restore_state_only(optimizer_def, state, {"state": filled})
   new_state = stored.stored_like(new_state, quantized)
-  return new_state, TransplantReport(kept, initialised, dropped)
+  return new_state, TransplantReport(tuple(kept), tuple(initialised), dropped)
 
 
 def _counters(leaves: list[_Leaf]) -> dict[Path, _Leaf]:
@@ -464,7 +464,7 @@ def _kind(x: Any) -> str | None:
   dtype = getattr(x, "dtype", None)
   dtype = np.asarray(x).dtype if dtype is None else dtype
   for kind, family in (("b", np.bool_), ("i", np.integer), ("f", np.floating)):
-    if jax.dtypes.issubdtype(dtype, family):
+    if jnp.issubdtype(dtype, family):
       return kind
   return None
 
@@ -548,4 +548,7 @@ def transplant(
       f"{type(optimizer).__name__}. For a definition and a state, call "
       "optcore.adapter.transplant_state(opt_def, params, state, state_dict)."
     )
-  return method(state_dict) if params is None else method(state_dict, params)
+  return cast(
+    tuple[Any, TransplantReport],
+    method(state_dict) if params is None else method(state_dict, params),
+  )

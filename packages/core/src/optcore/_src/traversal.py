@@ -19,7 +19,7 @@ from __future__ import annotations
 import inspect
 import re
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import jax
 import numpy as np
@@ -192,7 +192,7 @@ def selector_mask(selector: Selector, params: PyTree) -> PyTree:
     return _regex_mask(selector, params)
   if callable(selector) and not _is_pytree_node(selector):
     if _positional_arity(selector) >= 2:
-      return ModelParamTraversal(selector).mask(params)
+      return ModelParamTraversal(cast(Callable[[str, Any], bool], selector)).mask(params)
     return _check_mask(selector(params), params, "the mask returned by the selector function")
   return _check_mask(selector, params, "the mask")
 

@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.core import Tracer
 
 from optcore._src import declarations, definition_tree, optax_rules
 from optcore._src.base import OptimizerDef
@@ -39,7 +40,7 @@ from optcore._src.declarations import Nested as Nested
 from optcore._src.declarations import ParamShaped as ParamShaped
 from optcore._src.declarations import Replicated as Replicated
 from optcore._src.hyper_params import HyperParams
-from optcore._src.optimizer import OptimizerState
+from optcore._src.state import OptimizerState
 from optcore._src.stored import is_stored
 
 PyTree = Any
@@ -308,7 +309,7 @@ def init_in_one_program(init: Any, params: PyTree) -> Any:
   inside it, and the wrapped definition's float32 state is never held whole. Under a trace
   (``create`` in ``jax.jit``) it is part of that program already."""
   leaves = jax.tree.leaves(params)
-  if any(isinstance(x, jax.core.Tracer) for x in leaves) or not leaves:
+  if any(isinstance(x, Tracer) for x in leaves) or not leaves:
     return init(params)
   # Constant folding would compute a state made of constants (zeros) while compiling, in
   # memory, as a whole: the detour this function is here to avoid.

@@ -13,8 +13,8 @@ import numpy as np
 
 from optcore._src.base import OptimizerDef
 from optcore._src.checks import check_float_params
-from optcore._src.optimizer import OptimizerState
 from optcore._src.skip import global_norm
+from optcore._src.state import OptimizerState
 from optcore._src.wrapper import Nested, Replicated, StateWrapper, one_of
 
 PyTree = Any
