@@ -5,10 +5,9 @@ from __future__ import annotations
 import math
 
 import pytest
+from benchmark_scripts import benchmark_script
 
-field_optimizers = pytest.importorskip(
-  "field_optimizers", reason="runs in the 'all' venv, beside the other benchmarks"
-)
+field_optimizers = benchmark_script("field_optimizers")
 
 
 def test_bytes_time_and_loss_are_measured_for_every_optimizer():

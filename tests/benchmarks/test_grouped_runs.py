@@ -7,11 +7,9 @@ import math
 
 import jax
 import numpy as np
-import pytest
+from benchmark_scripts import benchmark_script
 
-grouped = pytest.importorskip(
-  "grouped", reason="runs in the 'all' venv, beside the other benchmarks"
-)
+grouped = benchmark_script("grouped")
 
 
 def test_every_variant_is_timed_against_raw_optax():

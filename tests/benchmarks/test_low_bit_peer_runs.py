@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import math
 
-import pytest
+from benchmark_scripts import benchmark_script
 
-low_bit_peer = pytest.importorskip(
-  "low_bit_peer", reason="runs in the 'all' venv, beside the other benchmarks"
-)
+low_bit_peer = benchmark_script("low_bit_peer")
 
 
 def test_the_peer_is_adam_at_8_bits_and_both_are_measured():

@@ -5,10 +5,9 @@ from __future__ import annotations
 import math
 
 import pytest
+from benchmark_scripts import benchmark_script
 
-low_bit = pytest.importorskip(
-  "low_bit", reason="runs in the 'all' venv, beside the other benchmarks"
-)
+low_bit = benchmark_script("low_bit")
 
 
 def test_bytes_memory_time_and_loss_are_measured_for_every_state():

@@ -5,10 +5,9 @@ from __future__ import annotations
 import math
 
 import pytest
+from benchmark_scripts import benchmark_script
 
-matrix_optimizers = pytest.importorskip(
-  "matrix_optimizers", reason="runs in the 'all' venv, beside the other benchmarks"
-)
+matrix_optimizers = benchmark_script("matrix_optimizers")
 
 
 def test_bytes_time_and_loss_are_measured_for_adamw_muon_soap_and_shampoo():

@@ -5,10 +5,9 @@ from __future__ import annotations
 import math
 
 import pytest
+from benchmark_scripts import benchmark_script
 
-matrix_sizes = pytest.importorskip(
-  "matrix_sizes", reason="runs in the 'all' venv, beside the other benchmarks"
-)
+matrix_sizes = benchmark_script("matrix_sizes")
 
 
 def test_rest_and_refresh_are_timed_for_soap_and_shampoo_beside_a_control():

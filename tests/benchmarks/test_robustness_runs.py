@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-import math
+from benchmark_scripts import assert_timed, benchmark_script
 
-import pytest
-
-robustness = pytest.importorskip(
-  "robustness", reason="runs in the 'all' venv, beside the other benchmarks"
-)
+robustness = benchmark_script("robustness")
 
 
 def test_statistics_and_skip_are_timed_against_the_bare_step_beside_a_control():
   row = robustness.bench(total=2_000, leaves=12, rounds=2, steps=2)
   assert row["leaves"] == 12
-  for key in ("statistics", "statistics_one_group", "skip", "control", "bare_ms"):
-    assert math.isfinite(row[key]) and row[key] > 0, key
-  for key in ("statistics", "statistics_one_group", "skip", "control"):
-    low, high = row[f"{key}_quartiles"]
-    assert low <= row[key] <= high
+  timed = ("statistics", "statistics_one_group", "skip", "control")
+  assert_timed(row, (*timed, "bare_ms"), within_quartiles=timed)
 
 
 def test_step_bytes_are_read_for_each_step_donated_and_kept():

@@ -8,11 +8,9 @@ from __future__ import annotations
 import math
 
 import jax
-import pytest
+from benchmark_scripts import benchmark_script
 
-at_scale = pytest.importorskip(
-  "training_at_scale", reason="runs in the 'all' venv, beside the other benchmarks"
-)
+at_scale = benchmark_script("training_at_scale")
 
 
 def test_every_variant_is_timed_and_its_state_measured():

@@ -8,12 +8,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from benchmark_scripts import benchmark_script
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import optcore
 
-zero1 = pytest.importorskip("zero1", reason="runs in the 'all' venv, beside the other benchmarks")
+zero1 = benchmark_script("zero1")
 
 
 def test_zero1_holds_an_eighth_of_the_state_and_times_both_variants():

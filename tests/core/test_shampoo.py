@@ -32,6 +32,7 @@ from optcore.partitioning import PartitionRuleError, shampoo_roles
 
 DATA = Path(__file__).parents[1] / "reference_data"
 sys.path.insert(0, str(DATA))
+from reference_runs import run_as_optax  # noqa: E402
 from shampoo_inputs import CASES, STEPS, case_inputs  # noqa: E402
 
 ALL_CASES = [c for c in CASES if c != "axes"]
@@ -101,17 +102,7 @@ def test_create_and_apply_gradient_follow_the_authors_code(ref, case):
 @pytest.mark.parametrize("case", ["defaults", "settings", "adagrad"])
 def test_as_optax_follows_the_authors_code(ref, case):
   params, grads = case_inputs(case)
-  tx = optcore.contrib.shampoo(**CASES[case][1]).as_optax()
-  p = {k: jnp.asarray(v) for k, v in params.items()}
-  state = tx.init(p)
-
-  @jax.jit
-  def step(p, state, g):
-    updates, state = tx.update(g, state, p)
-    return optax.apply_updates(p, updates), state
-
-  for grad in grads:
-    p, state = step(p, state, {k: jnp.asarray(v) for k, v in grad.items()})
+  p = run_as_optax(optcore.contrib.shampoo(**CASES[case][1]).as_optax(), params, grads)
   for k in params:
     assert_matches(ref, f"{case}/step{STEPS}/{k}", p[k])
 

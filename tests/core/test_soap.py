@@ -17,7 +17,6 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
@@ -26,6 +25,7 @@ from optcore.partitioning import PartitionRuleError, soap_roles
 
 DATA = Path(__file__).parents[1] / "reference_data"
 sys.path.insert(0, str(DATA))
+from reference_runs import run_as_optax  # noqa: E402
 from soap_inputs import CASES, STEPS, case_inputs  # noqa: E402
 
 
@@ -76,17 +76,7 @@ def test_create_and_apply_gradient_follow_the_authors_code(ref, case):
 @pytest.mark.parametrize("case", ["defaults", "settings", "merged"])
 def test_as_optax_follows_the_authors_code(ref, case):
   params, grads = case_inputs(case)
-  tx = optcore.contrib.soap(**our_kwargs(CASES[case][1])).as_optax()
-  p = {k: jnp.asarray(v) for k, v in params.items()}
-  state = tx.init(p)
-
-  @jax.jit
-  def step(p, state, g):
-    updates, state = tx.update(g, state, p)
-    return optax.apply_updates(p, updates), state
-
-  for grad in grads:
-    p, state = step(p, state, {k: jnp.asarray(v) for k, v in grad.items()})
+  p = run_as_optax(optcore.contrib.soap(**our_kwargs(CASES[case][1])).as_optax(), params, grads)
   for k in params:
     assert_close(p[k], ref[f"{case}/step{STEPS}/{k}"], f"{case} {k}")
 

@@ -14,22 +14,11 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 from tree_testing import assert_trees_equal
+from wrong_input_cases import GRADS, PARAMS, snapshot, steps
 
 import optcore
 from optcore import config, legacy
 from optcore.t5x import Adafactor
-
-PARAMS = {"layer": {"b": jnp.zeros(2), "w": jnp.ones((2, 3))}}
-GRADS = jax.tree.map(jnp.ones_like, PARAMS)
-
-
-def snapshot(optimizer):
-  return jax.tree.map(np.array, optimizer)
-
-
-def steps():
-  eager = lambda opt, g, **kw: opt.apply_gradient(g, **kw)
-  return [eager, jax.jit(eager)]
 
 
 def steps_with(overrides):

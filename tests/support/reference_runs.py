@@ -41,6 +41,24 @@ def check_core_face(
   return opt
 
 
+def run_as_optax(
+  tx: optax.GradientTransformation, params: Mapping[str, Any], grads: Iterable[Mapping[str, Any]]
+) -> dict[str, jax.Array]:
+  """``params`` after a jitted ``tx.update`` and ``optax.apply_updates`` for each of ``grads``
+  (NumPy or JAX arrays), from ``tx.init``: what a reference's last step is held against."""
+  params = as_jax(params)
+  state = tx.init(params)
+
+  @jax.jit
+  def step(params: dict, state: Any, grad: dict) -> tuple[dict, Any]:
+    updates, state = tx.update(grad, state, params)
+    return optax.apply_updates(params, updates), state
+
+  for grad in grads:
+    params, state = step(params, state, as_jax(grad))
+  return params
+
+
 def check_as_optax(
   reference: Mapping[str, np.ndarray],
   atol: float,
