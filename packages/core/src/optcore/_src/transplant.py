@@ -22,6 +22,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, NamedTuple, cast
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -215,15 +216,19 @@ def transplant_state(
       continue
     found[leaf.path] = match(leaf, source)
 
-  # A moment read by its declared role, not its name, is read only where all the state under
-  # its count is read too: SOAP's moments beside bases that start anew live in a basis that
-  # does not exist yet, and adam's would not mean the same there.
+  # A moment read by its declared role, not its name, is not read beside a basis that starts
+  # anew (a parameter-shaped leaf that is no moment and cannot restart alone: SOAP's and
+  # Shampoo's matrices): moments kept in a basis that does not exist yet would not mean what
+  # adam's meant. A new head's moments (moments) or a copy of the parameters do not stop it.
   for owner in counters:
     counted = [p for p in new if p.param is not None and counted_by[p.path] == owner]
-    if any(found[p.path].problem for p in counted if not p.may_restart_alone):
+    fresh_basis = [
+      p for p in counted if found[p.path].problem and not p.may_restart_alone and not p.moment
+    ]
+    if fresh_basis:
       for p in counted:
         if p.path in by_role and not found[p.path].problem:
-          why = "read by its role only where all the state beside it is: some starts anew"
+          why = f"read by its role only beside its basis, and {fresh_basis[0].role!r} starts anew"
           found[p.path] = _Found(None, found[p.path].source, why)
 
   # One parameter's state under one count is kept whole or not at all: adam's mu beside a
@@ -327,8 +332,18 @@ def _same_moment(leaf: _Leaf, old: list[_Leaf]) -> _Leaf | None:
 def _declared_paths(param_states: Any) -> dict[Path, declarations.Role]:
   """The declared role of each leaf of a live state, by its state-dict path."""
   roles = declarations.leaf_roles(param_states)
+  # A state dict names a leaf by its canonical path (no framework-internal level, as treeo's):
+  # the same leaves in the same order, named as the state dict names them.
+  keyed = jax.tree_util.tree_flatten_with_path(param_states)[0]
+  named = paths.leaves_with_names(param_states)[0]
+  if len(keyed) != len(named):  # a level that hides more than one leaf: by key names, then
+    return {
+      ("param_states", *(paths.key_name(k) for k in keys)): role for keys, role in roles.items()
+    }
   return {
-    ("param_states", *(paths.key_name(k) for k in keys)): role for keys, role in roles.items()
+    ("param_states", *names): roles[keys]
+    for (keys, _), (names, _) in zip(keyed, named, strict=True)
+    if keys in roles
   }
 
 
