@@ -254,7 +254,7 @@ def test_each_field_takes_the_map_its_declaration_names(make, signed, unsigned, 
 def test_every_optax_state_type_declares_every_field():
   """The table form covers optax's states whole, in the optax this suite runs: a field optax
   adds shows here, not as a guess in a user's run."""
-  from optcore._src import optax_rules
+  from optcore._src.axes import optax_rules
 
   checked = 0
   for state_type in optcore.partitioning.OptaxStatePartitionRules._RULES:

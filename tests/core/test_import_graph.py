@@ -103,8 +103,12 @@ def test_the_core_has_no_import_cycle():
 def test_the_cycle_finder_finds_a_cycle():
   assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
   edges = graph()
-  edges["optcore._src.paths"] = edges["optcore._src.paths"] | {"optcore._src.base"}
-  assert any("optcore._src.base" in c and "optcore._src.paths" in c for c in cycles(edges))
+  edges["optcore._src.ground.paths"] = edges["optcore._src.ground.paths"] | {
+    "optcore._src.definitions.base"
+  }
+  assert any(
+    "optcore._src.definitions.base" in c and "optcore._src.ground.paths" in c for c in cycles(edges)
+  )
 
 
 def test_the_only_function_level_import_is_focus_and_says_why():
@@ -116,7 +120,7 @@ def test_the_only_function_level_import_is_focus_and_says_why():
       comment = lines[node.lineno - 2].strip()
       assert comment.startswith("#") or "#" in lines[node.lineno - 1], (name, node.lineno)
       where.append((name, imported(node)))
-  assert where == [("optcore._src.base", ["optcore._src.multi_optimizer"])]
+  assert where == [("optcore._src.definitions.base", ["optcore._src.definitions.multi_optimizer"])]
 
 
 def test_adapters_import_only_public_optcore_names():
@@ -131,8 +135,9 @@ def test_adapters_import_only_public_optcore_names():
 
 
 def optimizer_modules() -> set[str]:
-  """The modules whose factory `optcore.contrib` wraps (``from optcore._src.soap import soap as
-  _soap``, then ``soap = _wrap(_soap, ...)``): read from the export list, not kept by hand."""
+  """The modules whose factory `optcore.contrib` wraps (``from optcore._src.optimizers.soap
+  import soap as _soap``, then ``soap = _wrap(_soap, ...)``): read from the export list, not
+  kept by hand."""
   tree = ast.parse((CORE / "contrib.py").read_text())
   return {
     node.module
@@ -149,7 +154,11 @@ def test_an_optimizer_module_is_imported_by_the_export_lists_alone():
   """Issue 61: adding an optimizer touches its module and one export line; what several share
   (SOAP's preconditioners, torch's lerp) lives in a shared module, never in one of them."""
   optimizers = optimizer_modules()
-  assert {"optcore._src.soap", "optcore._src.shampoo", "optcore._src.dion"} <= optimizers
+  assert {
+    "optcore._src.optimizers.soap",
+    "optcore._src.optimizers.shampoo",
+    "optcore._src.optimizers.dion",
+  } <= optimizers
   importers = {
     (name, target)
     for name, targets in graph().items()
@@ -157,3 +166,68 @@ def test_an_optimizer_module_is_imported_by_the_export_lists_alone():
     if target in optimizers and "._src." in name
   }
   assert importers == set()
+
+
+#: The role folders of ``optcore/_src``, lowest first (docs/development.md's map): a module
+#: imports only from its own folder and from lower ones; folders of one rank are peers that
+#: never import each other. ``_src``'s own modules and the public ones sit above them all.
+LAYERS = {
+  "ground": 0,
+  "persistence": 1,
+  "axes": 2,
+  "containers": 3,
+  "definitions": 4,
+  "wrappers": 5,
+  "optimizers": 5,
+  "legacy": 5,
+}
+TOP = len(set(LAYERS.values()))
+
+
+def folder_of(module: str) -> str:
+  parts = module.split(".")
+  if parts[:2] != ["optcore", "_src"] or len(parts) == 3:
+    return ""  # a public module or one at _src's top
+  return parts[2]
+
+
+def rank_of(module: str) -> int:
+  return LAYERS[folder_of(module)] if folder_of(module) else TOP
+
+
+def test_src_keeps_at_most_twelve_modules_at_its_top_and_every_folder_is_placed():
+  top = sorted(p.name for p in (CORE / "_src").glob("*.py"))
+  assert len(top) <= 12, top
+  folders = {p.name for p in (CORE / "_src").iterdir() if p.is_dir() and p.name != "__pycache__"}
+  assert folders == set(LAYERS)
+
+
+def test_a_lower_folder_never_imports_a_higher_one_nor_a_peer():
+  wrong = sorted(
+    (name, target)
+    for name, targets in graph().items()
+    for target in targets
+    if folder_of(name) != folder_of(target) and rank_of(name) <= rank_of(target)
+    and not (rank_of(name) == rank_of(target) == TOP)
+  )  # fmt: skip
+  assert wrong == []
+
+
+def test_the_layer_check_sees_an_upward_import():
+  edges = graph()
+  paths, soap = "optcore._src.ground.paths", "optcore._src.optimizers.soap"
+  assert rank_of(paths) < rank_of(soap) and soap in MODULES
+  wrong = [(a, b) for a, bs in {paths: {soap}}.items() for b in bs if rank_of(a) <= rank_of(b)]
+  assert wrong == [(paths, soap)] and paths in edges
+
+
+def test_the_development_map_lists_every_module():
+  """docs/development.md's rooms table names each module by its place (``ground/paths.py``)."""
+  text = (CORE.parents[3] / "docs" / "development.md").read_text()
+  modules = sorted(
+    str(p.relative_to(CORE / "_src"))
+    for p in (CORE / "_src").rglob("*.py")
+    if p.name != "__init__.py"
+  )
+  missing = [m for m in modules if f"`{m}`" not in text]
+  assert missing == []

@@ -22,7 +22,7 @@ import optax
 import pytest
 
 import optcore
-from optcore._src.quantization import ROUNDINGS, quantization_map
+from optcore._src.persistence.quantization import ROUNDINGS, quantization_map
 
 DATA = Path(__file__).parents[1] / "reference_data"
 sys.path.insert(0, str(DATA))

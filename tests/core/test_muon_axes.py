@@ -15,7 +15,7 @@ from jax.sharding import PartitionSpec as P
 from optax.contrib import MuonDimensionNumbers as Dims
 
 import optcore
-from optcore._src.matrix_axes import muon_dimension_numbers
+from optcore._src.axes.matrix_axes import muon_dimension_numbers
 
 LAYERS, EMBED, MLP, HEADS, KV, VOCAB = 2, 8, 16, 2, 4, 32
 

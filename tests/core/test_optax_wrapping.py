@@ -115,7 +115,7 @@ def test_wrapped_factories_keep_optax_signature_and_docstring():
 def test_optcore_adafactor_is_optax_alias_and_t5x_adafactor_lives_in_optcore_t5x():
   assert isinstance(optcore.adafactor(1e-3), optcore.OptaxWrapper)
   assert not isinstance(optcore.adafactor, types.ModuleType)
-  assert optcore.t5x.Adafactor.__module__ == "optcore._src.adafactor"
+  assert optcore.t5x.Adafactor.__module__ == "optcore._src.legacy.adafactor"
   from optcore.t5x import Adafactor, FactorDim  # noqa: F401  (importable by name)
 
   with pytest.raises(ModuleNotFoundError):
@@ -446,7 +446,7 @@ def test_the_written_out_aliases_are_what_the_installed_optax_offers():
   # this is what keeps that list from missing an optimizer a new optax adds.
   import optax_names
 
-  from optcore._src import optax_aliases
+  from optcore._src.definitions import optax_aliases
 
   assert list(optcore.OPTAX_ALIASES) == optax_names.optax_alias_names()
   assert _assigned_names(optax_aliases) == list(optcore.OPTAX_ALIASES)

@@ -102,7 +102,7 @@ def test_the_derived_lists_are_read_from_the_modules_that_define_the_things():
   # with no other edit: the lists are read from the module namespace.
   import optax
 
-  from optcore._src.optax_wrapper import wrap_optax_optimizer, wrapped_names
+  from optcore._src.definitions.optax_wrapper import wrap_optax_optimizer, wrapped_names
 
   namespace = {"adam": wrap_optax_optimizer(optax.adam), "sgd": wrap_optax_optimizer(optax.sgd)}
   namespace |= {"_private": wrap_optax_optimizer(optax.lion), "not_a_wrapper": optax.adam}

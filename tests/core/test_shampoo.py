@@ -209,7 +209,7 @@ REFERENCE_ARGUMENTS = (
 
 
 def test_the_reference_arguments_in_its_order_and_its_distribution_options_at_defaults():
-  from optcore._src.shampoo import shampoo as factory
+  from optcore._src.optimizers.shampoo import shampoo as factory
 
   names = [n for n in inspect.signature(factory).parameters][: len(REFERENCE_ARGUMENTS)]
   assert names == REFERENCE_ARGUMENTS

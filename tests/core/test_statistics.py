@@ -166,7 +166,7 @@ def test_small_leaves_summed_together_give_the_norms_computed_by_hand(monkeypatc
   """On one device small leaves of about one size are summed a few at a time, padded and
   stacked (issue 52): the norms computed by hand, and, within float32's reordering, those of
   one reduction a leaf (the form every mesh keeps)."""
-  from optcore._src import statistics as module
+  from optcore._src.wrappers import statistics as module
 
   assert module._one_device(), "the core's tests run on one device"
   opt_def = optcore.with_statistics(optcore.adamw(0.1, weight_decay=0.1))

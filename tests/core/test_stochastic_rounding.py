@@ -12,7 +12,7 @@ import optax
 import pytest
 
 import optcore
-from optcore._src.stochastic_rounding import round_to_bfloat16
+from optcore._src.wrappers.stochastic_rounding import round_to_bfloat16
 
 
 def numpy_stochastic_round(x: np.ndarray, noise16: np.ndarray) -> np.ndarray:

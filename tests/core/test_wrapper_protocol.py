@@ -14,7 +14,7 @@ import pytest
 
 import optcore
 from optcore import legacy
-from optcore._src.wrapper import StateWrapper
+from optcore._src.definitions.wrapper import StateWrapper
 
 WRAPPERS = {
   "accumulate": lambda d: optcore.accumulate(d, every=2),
@@ -130,7 +130,7 @@ def test_every_wrapper_is_in_the_composition_table():
   wrapper")."""
   from composition import WRAPPERS as TABLE
 
-  from optcore._src import wrapper
+  from optcore._src.definitions import wrapper
 
   state_wrappers = {
     n: c for n, c in wrapper.WRAPPERS.items() if issubclass(c, wrapper.StateWrapper)
@@ -160,7 +160,7 @@ def test_every_wrapper_is_in_the_composition_table():
 def test_every_wrapper_writes_and_reads_its_config_from_its_own_table(name):
   """to_config/from_config read a wrapper's config_arguments: no per-wrapper branch to forget.
   Each argument set away from its default is written, and read back into an equal definition."""
-  from optcore._src import wrapper
+  from optcore._src.definitions import wrapper
 
   cls = wrapper.WRAPPERS[name]
   chosen = {

@@ -3,7 +3,7 @@ sharding, ``with_sharding_constraint`` refuses those axes, and an operation whos
 sharding JAX cannot infer (a reshape of a split dimension, a norm across one) is an error.
 
 Every face's step runs the optimizer's maths with the axes Auto and types its results as its
-inputs (`optcore._src.sharding.with_auto_axes`), and keeps the parameters on their own sharding
+inputs (`optcore._src.axes.sharding.with_auto_axes`), and keeps the parameters on their own sharding
 with ``reshard``: the same numbers as the same run on an Auto mesh."""
 
 from __future__ import annotations

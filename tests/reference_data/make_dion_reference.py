@@ -6,9 +6,9 @@ batching or overlapped communication, which follows the paper) on the cases of
 The reference draws ``Q`` from ``torch.randn`` and, under ``'rcqr'`` and ``'cqr'``, a new
 Gaussian sketch every step. The script stores the initial ``Q`` (optcore's test starts from
 it); the sketches it cannot share, and needs not: they change ``P``'s column signs and the
-last bits, which the update does not see (`optcore._src.dion`'s docstring). ``torch.compile``
-is an identity while the reference loads, so its functions run eagerly, op by op, as
-written.
+last bits, which the update does not see (`optcore._src.optimizers.dion`'s docstring).
+``torch.compile`` is an identity while the reference loads, so its functions run eagerly, op by
+op, as written.
 
 microsoft/dion is not on PyPI: clone it and name its directory (the committed data came from
 0a059a4, torch 2.13.0 on CPU):

@@ -52,23 +52,23 @@ Example:
   (Array([0.5, 0.5], dtype=float32), ['param_states', 'step'])
 """
 
-from optcore._src.base import step_count as step_count
-from optcore._src.definition_tree import iter_definitions as iter_definitions
-from optcore._src.definition_tree import map_definitions as map_definitions
-from optcore._src.export import optax_update_arguments as optax_update_arguments
-from optcore._src.export import split_update_arguments as split_update_arguments
-from optcore._src.optax_wrapper import as_definition as as_definition
-from optcore._src.optimizer import fill_unaveraged as fill_unaveraged
-from optcore._src.serialization import key_data_for_export as key_data_for_export
-from optcore._src.serialization import restore_state_only as restore_state
-from optcore._src.serialization import state_only_dict as state_dict
-from optcore._src.state_axes import StatePlacement as StatePlacement
-from optcore._src.state_axes import shard_method as shard_method
-from optcore._src.state_axes import state_logical_axes as state_logical_axes
-from optcore._src.state_axes import state_shardings as state_shardings
-from optcore._src.step import apply_step as step
-from optcore._src.transplant import transplant_state as transplant_state
-from optcore._src.user_warnings import warn as warn
+from optcore._src.containers.export import optax_update_arguments as optax_update_arguments
+from optcore._src.containers.export import split_update_arguments as split_update_arguments
+from optcore._src.containers.optimizer import fill_unaveraged as fill_unaveraged
+from optcore._src.containers.state_axes import StatePlacement as StatePlacement
+from optcore._src.containers.state_axes import shard_method as shard_method
+from optcore._src.containers.state_axes import state_logical_axes as state_logical_axes
+from optcore._src.containers.state_axes import state_shardings as state_shardings
+from optcore._src.containers.step import apply_step as step
+from optcore._src.definitions.base import step_count as step_count
+from optcore._src.definitions.optax_wrapper import as_definition as as_definition
+from optcore._src.ground.definition_tree import iter_definitions as iter_definitions
+from optcore._src.ground.definition_tree import map_definitions as map_definitions
+from optcore._src.ground.user_warnings import warn as warn
+from optcore._src.persistence.serialization import key_data_for_export as key_data_for_export
+from optcore._src.persistence.serialization import restore_state_only as restore_state
+from optcore._src.persistence.serialization import state_only_dict as state_dict
+from optcore._src.persistence.transplant import transplant_state as transplant_state
 
 __all__ = [
   "StatePlacement",

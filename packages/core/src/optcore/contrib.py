@@ -19,22 +19,22 @@ Example:
 
 import optax.contrib as _contrib
 
-from optcore._src.dion import DionState as DionState
-from optcore._src.dion import dion as _dion
-from optcore._src.mars import MarsState as MarsState
-from optcore._src.mars import mars as _mars
-from optcore._src.matrix_axes import muon_with_axes as _muon_with_axes
-from optcore._src.matrix_state import Preconditioners as Preconditioners
-from optcore._src.normuon import NorMuonState as NorMuonState
-from optcore._src.normuon import normuon as _normuon
-from optcore._src.optax_wrapper import wrap_optax_optimizer as _wrap
-from optcore._src.optax_wrapper import wrapped_names as _wrapped_names
-from optcore._src.shampoo import GraftingType as GraftingType
-from optcore._src.shampoo import PreconditionerType as PreconditionerType
-from optcore._src.shampoo import ShampooState as ShampooState
-from optcore._src.shampoo import shampoo as _shampoo
-from optcore._src.soap import SoapState as SoapState
-from optcore._src.soap import soap as _soap
+from optcore._src.axes.matrix_axes import muon_with_axes as _muon_with_axes
+from optcore._src.definitions.optax_wrapper import wrap_optax_optimizer as _wrap
+from optcore._src.definitions.optax_wrapper import wrapped_names as _wrapped_names
+from optcore._src.optimizers.dion import DionState as DionState
+from optcore._src.optimizers.dion import dion as _dion
+from optcore._src.optimizers.mars import MarsState as MarsState
+from optcore._src.optimizers.mars import mars as _mars
+from optcore._src.optimizers.matrix_state import Preconditioners as Preconditioners
+from optcore._src.optimizers.normuon import NorMuonState as NorMuonState
+from optcore._src.optimizers.normuon import normuon as _normuon
+from optcore._src.optimizers.shampoo import GraftingType as GraftingType
+from optcore._src.optimizers.shampoo import PreconditionerType as PreconditionerType
+from optcore._src.optimizers.shampoo import ShampooState as ShampooState
+from optcore._src.optimizers.shampoo import shampoo as _shampoo
+from optcore._src.optimizers.soap import SoapState as SoapState
+from optcore._src.optimizers.soap import soap as _soap
 
 acprop = _wrap(_contrib.acprop, name="contrib.acprop")
 ademamix = _wrap(_contrib.ademamix, name="contrib.ademamix")

@@ -18,27 +18,27 @@ Example:
   (0.95, ['grad_ema', 'grad_sq_ema'])
 """
 
-from optcore._src.adafactor import AdafactorParamState as AdafactorParamState
-from optcore._src.adafactor import LegacyAdafactor as Adafactor
-from optcore._src.base import ReplicatedOptimizer as ReplicatedOptimizer
-from optcore._src.dynamic_scale import DynamicScale as DynamicScale
-from optcore._src.dynamic_scale import DynamicScaleResult as DynamicScaleResult
-from optcore._src.legacy import LAMB as LAMB
-from optcore._src.legacy import LARS as LARS
-from optcore._src.legacy import AdaBelief as AdaBelief
-from optcore._src.legacy import Adadelta as Adadelta
-from optcore._src.legacy import AdadeltaParamState as AdadeltaParamState
-from optcore._src.legacy import Adagrad as Adagrad
-from optcore._src.legacy import AdagradParamState as AdagradParamState
-from optcore._src.legacy import Adam as Adam
-from optcore._src.legacy import AdamParamState as AdamParamState
-from optcore._src.legacy import GradientDescent as GradientDescent
-from optcore._src.legacy import Momentum as Momentum
-from optcore._src.legacy import MomentumParamState as MomentumParamState
-from optcore._src.legacy import RMSProp as RMSProp
-from optcore._src.legacy import RMSPropParamState as RMSPropParamState
-from optcore._src.weight_norm import WeightNorm as WeightNorm
-from optcore._src.weight_norm import WeightNormParamState as WeightNormParamState
+from optcore._src.definitions.base import ReplicatedOptimizer as ReplicatedOptimizer
+from optcore._src.legacy.adafactor import AdafactorParamState as AdafactorParamState
+from optcore._src.legacy.adafactor import LegacyAdafactor as Adafactor
+from optcore._src.legacy.dynamic_scale import DynamicScale as DynamicScale
+from optcore._src.legacy.dynamic_scale import DynamicScaleResult as DynamicScaleResult
+from optcore._src.legacy.legacy import LAMB as LAMB
+from optcore._src.legacy.legacy import LARS as LARS
+from optcore._src.legacy.legacy import AdaBelief as AdaBelief
+from optcore._src.legacy.legacy import Adadelta as Adadelta
+from optcore._src.legacy.legacy import AdadeltaParamState as AdadeltaParamState
+from optcore._src.legacy.legacy import Adagrad as Adagrad
+from optcore._src.legacy.legacy import AdagradParamState as AdagradParamState
+from optcore._src.legacy.legacy import Adam as Adam
+from optcore._src.legacy.legacy import AdamParamState as AdamParamState
+from optcore._src.legacy.legacy import GradientDescent as GradientDescent
+from optcore._src.legacy.legacy import Momentum as Momentum
+from optcore._src.legacy.legacy import MomentumParamState as MomentumParamState
+from optcore._src.legacy.legacy import RMSProp as RMSProp
+from optcore._src.legacy.legacy import RMSPropParamState as RMSPropParamState
+from optcore._src.legacy.weight_norm import WeightNorm as WeightNorm
+from optcore._src.legacy.weight_norm import WeightNormParamState as WeightNormParamState
 
 __all__ = [
   "LAMB",

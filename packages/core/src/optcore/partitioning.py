@@ -16,25 +16,25 @@ Example:
   True
 """
 
-from optcore._src.matrix_axes import MATRIX_AXIS_RULES as MATRIX_AXIS_RULES
-from optcore._src.matrix_axes import muon_dimension_numbers as muon_dimension_numbers
-from optcore._src.partition_rules import OptaxStatePartitionRules as OptaxStatePartitionRules
-from optcore._src.partition_rules import PartitionRuleError as PartitionRuleError
-from optcore._src.partition_rules import derive_normalized as derive_normalized
-from optcore._src.partition_rules import derive_optax_logical_axes as derive_optax_logical_axes
-from optcore._src.partition_rules import like_params as like_params
-from optcore._src.partition_rules import map_params as map_params
-from optcore._src.partition_rules import normalize_param_axes as normalize_param_axes
-from optcore._src.partition_rules import register_state_rule as register_state_rule
-from optcore._src.partition_rules import replicated as replicated
-from optcore._src.partition_rules import rule_for as rule_for
-from optcore._src.shampoo import shampoo_roles as shampoo_roles
-from optcore._src.sharding import LogicalAxisRules as LogicalAxisRules
-from optcore._src.sharding import check_divisible as check_divisible
-from optcore._src.sharding import logical_to_mesh as logical_to_mesh
-from optcore._src.sharding import logical_to_mesh_axes as logical_to_mesh_axes
-from optcore._src.sharding import logical_to_mesh_sharding as logical_to_mesh_sharding
-from optcore._src.soap import soap_roles as soap_roles
+from optcore._src.axes.matrix_axes import MATRIX_AXIS_RULES as MATRIX_AXIS_RULES
+from optcore._src.axes.matrix_axes import muon_dimension_numbers as muon_dimension_numbers
+from optcore._src.axes.partition_rules import OptaxStatePartitionRules as OptaxStatePartitionRules
+from optcore._src.axes.partition_rules import PartitionRuleError as PartitionRuleError
+from optcore._src.axes.partition_rules import derive_normalized as derive_normalized
+from optcore._src.axes.partition_rules import derive_optax_logical_axes as derive_optax_logical_axes
+from optcore._src.axes.partition_rules import like_params as like_params
+from optcore._src.axes.partition_rules import map_params as map_params
+from optcore._src.axes.partition_rules import normalize_param_axes as normalize_param_axes
+from optcore._src.axes.partition_rules import register_state_rule as register_state_rule
+from optcore._src.axes.partition_rules import replicated as replicated
+from optcore._src.axes.partition_rules import rule_for as rule_for
+from optcore._src.axes.sharding import LogicalAxisRules as LogicalAxisRules
+from optcore._src.axes.sharding import check_divisible as check_divisible
+from optcore._src.axes.sharding import logical_to_mesh as logical_to_mesh
+from optcore._src.axes.sharding import logical_to_mesh_axes as logical_to_mesh_axes
+from optcore._src.axes.sharding import logical_to_mesh_sharding as logical_to_mesh_sharding
+from optcore._src.optimizers.shampoo import shampoo_roles as shampoo_roles
+from optcore._src.optimizers.soap import soap_roles as soap_roles
 
 __all__ = [
   "MATRIX_AXIS_RULES",

@@ -11,7 +11,7 @@ Example:
   0.001
 """
 
-from optcore._src.schedules import DECAY_SHAPES as DECAY_SHAPES
-from optcore._src.schedules import warmup_stable_decay as warmup_stable_decay
+from optcore._src.ground.schedules import DECAY_SHAPES as DECAY_SHAPES
+from optcore._src.ground.schedules import warmup_stable_decay as warmup_stable_decay
 
 __all__ = ["DECAY_SHAPES", "warmup_stable_decay"]

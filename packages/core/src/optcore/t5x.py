@@ -16,15 +16,17 @@ Example:
   (8,)
 """
 
-from optcore._src.adafactor import Adafactor as Adafactor
-from optcore._src.adafactor import AdafactorParamState as AdafactorParamState
-from optcore._src.factoring import HEURISTIC_RULE as HEURISTIC_RULE
-from optcore._src.factoring import FactorDim as FactorDim
-from optcore._src.factoring import FactorRule as FactorRule
-from optcore._src.factoring import HeuristicRule as HeuristicRule
-from optcore._src.factoring import HParamMap as HParamMap
-from optcore._src.factoring import factor_name_to_factordim as factor_name_to_factordim
-from optcore._src.factoring import standard_logical_factor_rules as standard_logical_factor_rules
+from optcore._src.legacy.adafactor import Adafactor as Adafactor
+from optcore._src.legacy.adafactor import AdafactorParamState as AdafactorParamState
+from optcore._src.legacy.factoring import HEURISTIC_RULE as HEURISTIC_RULE
+from optcore._src.legacy.factoring import FactorDim as FactorDim
+from optcore._src.legacy.factoring import FactorRule as FactorRule
+from optcore._src.legacy.factoring import HeuristicRule as HeuristicRule
+from optcore._src.legacy.factoring import HParamMap as HParamMap
+from optcore._src.legacy.factoring import factor_name_to_factordim as factor_name_to_factordim
+from optcore._src.legacy.factoring import (
+  standard_logical_factor_rules as standard_logical_factor_rules,
+)
 
 __all__ = [
   "HEURISTIC_RULE",

@@ -20,15 +20,15 @@ from optcore import contrib, legacy
 
 # Each wrapper class registers itself by name in WRAPPERS (the config's table) when its module
 # is imported, as `import optcore` imports them all: this module names none of them.
-from optcore._src import optax_aliases
-from optcore._src.adafactor import Adafactor as _T5XAdafactor
-from optcore._src.base import OptimizerDef
-from optcore._src.factoring import FactorDim
-from optcore._src.hyper_params import static_key
-from optcore._src.multi_optimizer import MultiOptimizer
-from optcore._src.optax_wrapper import OptaxWrapper, chain
-from optcore._src.schedules import OWN_SCHEDULES
-from optcore._src.wrapper import REQUIRED, WRAPPERS, Wrapper
+from optcore._src.definitions import optax_aliases
+from optcore._src.definitions.base import OptimizerDef
+from optcore._src.definitions.multi_optimizer import MultiOptimizer
+from optcore._src.definitions.optax_wrapper import OptaxWrapper, chain
+from optcore._src.definitions.wrapper import REQUIRED, WRAPPERS, Wrapper
+from optcore._src.ground.hyper_params import static_key
+from optcore._src.ground.schedules import OWN_SCHEDULES
+from optcore._src.legacy.adafactor import Adafactor as _T5XAdafactor
+from optcore._src.legacy.factoring import FactorDim
 
 
 class ConfigError(ValueError):

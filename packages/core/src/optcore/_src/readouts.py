@@ -18,12 +18,13 @@ from typing import Any
 
 import jax
 
-from optcore._src import paths, schedule_free
-from optcore._src.base import OptimizerDef
-from optcore._src.optimizer import fill_unaveraged
-from optcore._src.skip import SkipState
-from optcore._src.state import OptimizerState
-from optcore._src.wrapper import wrapper_states
+from optcore._src.containers.optimizer import fill_unaveraged
+from optcore._src.definitions.base import OptimizerDef
+from optcore._src.definitions.wrapper import wrapper_states
+from optcore._src.ground import paths
+from optcore._src.ground.state import OptimizerState
+from optcore._src.persistence import schedule_free
+from optcore._src.wrappers.skip import SkipState
 
 PyTree = Any
 

@@ -1,0 +1,1 @@
+"""optcore's axes: see docs/development.md's map."""

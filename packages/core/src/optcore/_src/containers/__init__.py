@@ -1,0 +1,1 @@
+"""optcore's containers: see docs/development.md's map."""

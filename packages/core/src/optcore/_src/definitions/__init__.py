@@ -1,0 +1,1 @@
+"""optcore's definitions: see docs/development.md's map."""

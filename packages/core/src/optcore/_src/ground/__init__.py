@@ -1,0 +1,1 @@
+"""optcore's ground: see docs/development.md's map."""

@@ -1,0 +1,1 @@
+"""optcore's legacy: see docs/development.md's map."""

@@ -1,0 +1,1 @@
+"""optcore's optimizers: see docs/development.md's map."""

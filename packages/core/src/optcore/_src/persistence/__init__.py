@@ -1,0 +1,1 @@
+"""optcore's persistence: see docs/development.md's map."""

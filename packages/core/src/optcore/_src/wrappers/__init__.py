@@ -1,0 +1,1 @@
+"""optcore's wrappers: see docs/development.md's map."""
