@@ -26,7 +26,7 @@ from optcore._src.definitions.multi_optimizer import MultiOptimizer
 from optcore._src.definitions.optax_wrapper import OptaxWrapper, chain
 from optcore._src.definitions.wrapper import REQUIRED, WRAPPERS, Wrapper
 from optcore._src.ground.hyper_params import static_key
-from optcore._src.ground.schedules import OWN_SCHEDULES
+from optcore._src.ground.schedules import OWN_SCHEDULES, WritesConfig
 from optcore._src.legacy.adafactor import Adafactor as _T5XAdafactor
 from optcore._src.legacy.factoring import FactorDim
 
@@ -549,8 +549,8 @@ def _transform_config(item: Any) -> dict[str, Any]:
 def _write(key: str, value: Any) -> Any:
   if isinstance(value, Schedule):
     return {"schedule": value.name, **value.kwargs}
-  if callable(value) and isinstance(written := getattr(value, "optcore_config", None), dict):
-    return dict(written)  # optcore's own schedules
+  if isinstance(value, WritesConfig):  # optcore's own schedules say what to write
+    return dict(value.optcore_config)
   if isinstance(value, OptimizerDef):
     return to_config(value)
   if isinstance(value, _Transform):

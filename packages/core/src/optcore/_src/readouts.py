@@ -14,7 +14,7 @@ evaluated at the count of the definition that owns it, never the first ``count``
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import jax
 
@@ -281,13 +281,22 @@ def current_hyper_params(
   return opt_def.current_hyper_params(state)
 
 
+@runtime_checkable
+class ReadsOutParameters(Protocol):
+  """A face whose model is not its state's shape (the NNX face: a model of Variables, among
+  them some it does not optimise) says how a read-out reads the parameters from what a user
+  passes: ``readout_parameters(model)`` gives them in the state's structure. The read-outs ask
+  for this protocol; a face without it passes the parameters as they are."""
+
+  def readout_parameters(self, model: Any) -> PyTree: ...
+
+
 def _parameters(optimizer: Any, params: PyTree | None, held: PyTree | None) -> PyTree | None:
-  """The parameters a read-out fills from: ``params`` as the face reads them (its
-  ``readout_parameters`` hook, for a face whose model is not its state's shape), else the
-  optimizer's own target (``held``; None where it holds none)."""
-  readout = getattr(optimizer, "readout_parameters", None)
-  if params is not None and callable(readout):
-    params = readout(params)
+  """The parameters a read-out fills from: ``params`` as the face reads them (a
+  `ReadsOutParameters` face), else the optimizer's own target (``held``; None where it holds
+  none)."""
+  if params is not None and isinstance(optimizer, ReadsOutParameters):
+    params = optimizer.readout_parameters(params)
   return held if params is None else params
 
 

@@ -13,7 +13,7 @@ import copy
 import dataclasses
 import functools
 from collections.abc import Mapping, Sequence
-from typing import Any, Self, cast
+from typing import Any, ClassVar, Self, cast
 
 import jax
 import jax.numpy as jnp
@@ -117,6 +117,22 @@ class OptimizerDef(
   #: The hyper-parameters: one `HyperParams`, or for a definition of groups (`MultiOptimizer`)
   #: one per group.
   hyper_params: Any
+
+  #: Whether `compute_updates` gives an optax transformation's own updates (an optax
+  #: definition), rather than ``new_params - params``: a wrapper that accumulates or masks
+  #: updates (`accumulate`) works on them then, as optax's own wrappers do. Declared by the
+  #: class; no wrapper passes it on (each wrapper's `compute_updates` is its own).
+  gives_optax_updates: ClassVar[bool] = False
+
+  def group_masks(self, params: PyTree) -> list[PyTree] | None:
+    """For a definition of groups (`MultiOptimizer`), each group's boolean mask over
+    ``params``; None for any other. What a layout of the parameters (`grouped`) asks."""
+    return None
+
+  def with_group_selectors(self, selectors: Sequence[Any]) -> OptimizerDef:
+    """This definition of groups with each group selected by ``selectors[i]`` instead (the
+    grouped layout selects by masks over its buffers). Only a definition of groups has it."""
+    raise TypeError(f"{self.display_name()} has no groups to select")
 
   def __init__(self, hyper_params: HyperParams | Mapping[str, Any] | Any):
     if dataclasses.is_dataclass(hyper_params) and not isinstance(hyper_params, type):

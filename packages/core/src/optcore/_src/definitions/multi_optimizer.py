@@ -139,6 +139,12 @@ class MultiOptimizer(OptimizerDef):
   def children(self) -> tuple[OptimizerDef, ...]:
     return self.sub_optimizers
 
+  def group_masks(self, params: PyTree) -> list[PyTree] | None:
+    return self.masks(params)
+
+  def with_group_selectors(self, selectors: Sequence[Any]) -> MultiOptimizer:
+    return MultiOptimizer(*zip(selectors, self.sub_optimizers, strict=True))
+
   def with_children(self, children: tuple[OptimizerDef, ...]) -> MultiOptimizer:
     new = self._renewed()
     new.sub_optimizers = tuple(children)

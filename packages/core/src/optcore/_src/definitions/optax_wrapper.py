@@ -61,6 +61,7 @@ class OptaxWrapper(OptimizerDef):
   """
 
   per_parameter_state = False  # optax lays its state out by field, not by parameter
+  gives_optax_updates = True  # compute_updates is optax's own update
   legacy_state_dicts = False  # the core face: exactly 'target' and 'state', exact dtypes
 
   def __init__(

@@ -20,7 +20,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Any, TypeGuard, cast
+from typing import Any, Protocol, TypeGuard, cast, runtime_checkable
 
 import jax
 import jax.numpy as jnp
@@ -88,9 +88,24 @@ def resolve(optimizer_def: Any, **hyper_param_overrides: Any) -> HyperParams:
   return cast(HyperParams, hyper_params)
 
 
-def _is_nested(value: Any) -> TypeGuard[Any]:
+@runtime_checkable
+class NestedDefinition(Protocol):
+  """What a definition among a factory's arguments (``chain([..., optcore.adamw(...)])``)
+  offers the override route: its factory (None for a ready transformation), its
+  hyper-parameters, and a copy with others. `OptaxWrapper` has it; this lower module asks for
+  the protocol, not for that class."""
+
+  factory: Any
+  hyper_params: Any
+
+  def update_hyper_params(self, **hyper_param_overrides: Any) -> Any: ...
+
+  def with_hyper_params(self, hyper_params: Any) -> Any: ...
+
+
+def _is_nested(value: Any) -> TypeGuard[NestedDefinition]:
   """A wrapped optax factory (``optcore.adamw(...)``) among a factory's arguments."""
-  return getattr(value, "factory", None) is not None and hasattr(value, "with_hyper_params")
+  return isinstance(value, NestedDefinition) and value.factory is not None
 
 
 def _items(value: Any) -> tuple:

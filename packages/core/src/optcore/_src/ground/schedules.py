@@ -4,7 +4,7 @@ arXiv 2405.18392, whose cooldown shapes these are)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import jax.numpy as jnp
 import numpy as np
@@ -93,7 +93,7 @@ def warmup_stable_decay(
     return jnp.where(t >= total_steps, end_value, rate)
 
   # what `optcore.config` writes for it (and reads back through `OWN_SCHEDULES`)
-  schedule.optcore_config = {  # type: ignore[attr-defined]
+  return _with_config(schedule, {
     "schedule": "warmup_stable_decay",
     "peak_value": peak_value,
     "total_steps": total_steps,
@@ -102,7 +102,23 @@ def warmup_stable_decay(
     "init_value": init_value,
     "end_value": end_value,
     "decay_shape": decay_shape,
-  }
+  })  # fmt: skip
+
+
+@runtime_checkable
+class WritesConfig(Protocol):
+  """A schedule that says what `optcore.config` writes for it: ``optcore_config``, the
+  ``{"schedule": name, **arguments}`` that `OWN_SCHEDULES` reads back. optcore's own
+  schedules carry it; the config module asks for this protocol, not for an attribute."""
+
+  optcore_config: dict[str, Any]
+
+  def __call__(self, count: Any) -> Any: ...
+
+
+def _with_config(schedule: Any, written: dict[str, Any]) -> WritesConfig:
+  """``schedule`` declaring ``written`` as its config (`WritesConfig`)."""
+  schedule.optcore_config = written
   return schedule
 
 

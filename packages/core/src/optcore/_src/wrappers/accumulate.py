@@ -13,7 +13,6 @@ import optax
 from jax.core import Tracer
 
 from optcore._src.definitions.base import OptimizerDef
-from optcore._src.definitions.optax_wrapper import OptaxWrapper
 from optcore._src.definitions.wrapper import (
   REQUIRED,
   Nested,
@@ -105,7 +104,7 @@ class Accumulate(StateWrapper):
     """Adds ``grads`` to the running mean; every ``every``-th call applies the
     wrapped definition to the mean (with this call's ``hyper_params``) and
     starts a new mean. The other calls return ``params`` as they are."""
-    if isinstance(self.optimizer_def, OptaxWrapper):
+    if self.optimizer_def.gives_optax_updates:
       updates, new_state = self.compute_updates(hyper_params, params, state, grads, **extra_args)
       return optax.apply_updates(params, updates), new_state
     accumulated, mean, emit = self._mean(state, grads)
@@ -127,7 +126,7 @@ class Accumulate(StateWrapper):
     """``(updates, new_state)``: for a wrapped optax definition optax's own
     updates on the applying call and zeros on the others, as MultiSteps gives
     them (so `as_optax` is exact); else ``new_params - params``."""
-    if not isinstance(self.optimizer_def, OptaxWrapper):
+    if not self.optimizer_def.gives_optax_updates:
       return super().compute_updates(hyper_params, params, state, grads, **extra_args)
     accumulated, mean, emit = self._mean(state, grads)
     inner = OptimizerState(state.step, state.param_states.inner)

@@ -32,7 +32,6 @@ from optcore._src.axes import partition_rules, sharding
 from optcore._src.containers import state_axes
 from optcore._src.containers.optimizer import BoundOptimizer, Pins
 from optcore._src.definitions.base import OptimizerDef
-from optcore._src.definitions.multi_optimizer import MultiOptimizer
 from optcore._src.definitions.wrapper import Wrapper
 from optcore._src.ground import paths
 from optcore._src.ground.checks import TreeMismatchError, check_float_params, check_gradients
@@ -127,10 +126,11 @@ class Grouped(Wrapper):
 
   def _groups(self, params: PyTree, treedef: Any) -> list[int]:
     """Each parameter's `MultiOptimizer` group (-1: frozen); 0 for a plain definition."""
-    if not isinstance(self.optimizer_def, MultiOptimizer):
+    masks = self.optimizer_def.group_masks(params)
+    if masks is None:
       return [0] * treedef.num_leaves
     groups = [-1] * treedef.num_leaves
-    for g, mask in enumerate(self.optimizer_def.masks(params)):
+    for g, mask in enumerate(masks):
       for i, picked in enumerate(treedef.flatten_up_to(mask)):
         if picked:
           groups[i] = g
@@ -140,17 +140,17 @@ class Grouped(Wrapper):
     """The definition that runs on the grouped tree: the wrapped one, or for a
     `MultiOptimizer` the same groups selected by masks over the buffers."""
     inner = self.optimizer_def
-    if not isinstance(inner, MultiOptimizer):
-      return inner
     cache = self.__dict__.setdefault("_inner_cache", {})
     if layout not in cache:
+      if inner.group_masks(layout.shapes()) is None:
+        return inner
       groups = self._groups(layout.shapes(), layout.treedef)
-      pairs = []
-      for g, sub in enumerate(inner.sub_optimizers):
+      selectors = []
+      for g in range(len(inner.children())):
         buffers = tuple(group == g for group, _, _ in layout.buffers)
         leaves = tuple(groups[j] == g for j, e in enumerate(layout.entries) if e.buffer < 0)
-        pairs.append((GroupedParams(layout, buffers, leaves), sub))
-      cache[layout] = MultiOptimizer(*pairs)
+        selectors.append(GroupedParams(layout, buffers, leaves))
+      cache[layout] = inner.with_group_selectors(selectors)
     return cache[layout]
 
   # The definition's interface, on the grouped tree.
