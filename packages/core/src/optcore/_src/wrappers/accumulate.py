@@ -13,15 +13,9 @@ import optax
 from jax.core import Tracer
 
 from optcore._src.definitions.base import OptimizerDef
-from optcore._src.definitions.wrapper import (
-  REQUIRED,
-  Nested,
-  ParamShaped,
-  Replicated,
-  StateWrapper,
-  floating_dtype,
-)
+from optcore._src.definitions.wrapper import REQUIRED, StateWrapper, floating_dtype
 from optcore._src.ground.checks import check_float_params
+from optcore._src.ground.declarations import Nested, ParamShaped, Replicated
 from optcore._src.ground.state import OptimizerState
 from optcore._src.persistence.serialization import StateDictError
 

@@ -12,8 +12,9 @@ import jax.numpy as jnp
 import optax
 
 from optcore._src.definitions.base import OptimizerDef
-from optcore._src.definitions.wrapper import Nested, StateWrapper, one_of
+from optcore._src.definitions.wrapper import StateWrapper, one_of
 from optcore._src.ground.checks import check_float_params
+from optcore._src.ground.declarations import Nested
 from optcore._src.ground.hyper_params import HyperParams
 from optcore._src.ground.state import OptimizerState
 

@@ -11,14 +11,9 @@ import jax.numpy as jnp
 import optax
 
 from optcore._src.definitions.base import OptimizerDef
-from optcore._src.definitions.wrapper import (
-  Nested,
-  ParamShaped,
-  Replicated,
-  StateWrapper,
-  floating_dtype,
-)
+from optcore._src.definitions.wrapper import StateWrapper, floating_dtype
 from optcore._src.ground.checks import check_float_params
+from optcore._src.ground.declarations import Nested, ParamShaped, Replicated
 from optcore._src.ground.state import OptimizerState
 from optcore._src.persistence import placement
 

@@ -14,14 +14,13 @@ from jax.sharding import PartitionSpec
 
 from optcore._src.definitions.base import OptimizerDef
 from optcore._src.definitions.wrapper import (
-  Nested,
   StateWrapper,
   init_in_one_program,
   map_optimizer_leaves_with_path,
 )
 from optcore._src.ground import declarations, paths
 from optcore._src.ground.checks import check_regex
-from optcore._src.ground.declarations import Role, UndeclaredStateError
+from optcore._src.ground.declarations import Nested, Role, UndeclaredStateError
 from optcore._src.ground.state import OptimizerState
 from optcore._src.ground.user_warnings import warn
 from optcore._src.persistence.quantization import (

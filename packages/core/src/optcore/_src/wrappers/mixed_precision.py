@@ -12,8 +12,6 @@ import jax.numpy as jnp
 
 from optcore._src.definitions.base import OptimizerDef
 from optcore._src.definitions.wrapper import (
-  Nested,
-  ParamShaped,
   StateWrapper,
   floating_dtype,
   init_in_one_program,
@@ -21,6 +19,7 @@ from optcore._src.definitions.wrapper import (
 )
 from optcore._src.ground import paths
 from optcore._src.ground.checks import check_float_params
+from optcore._src.ground.declarations import Nested, ParamShaped
 from optcore._src.ground.state import OptimizerState
 
 PyTree = Any

@@ -12,7 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from optcore._src.definitions.base import OptimizerDef
-from optcore._src.definitions.wrapper import Nested, Replicated, StateWrapper
+from optcore._src.definitions.wrapper import StateWrapper
+from optcore._src.ground.declarations import Nested, Replicated
 from optcore._src.ground.state import OptimizerState
 
 PyTree = Any

@@ -15,7 +15,8 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 from optcore._src.definitions.base import OptimizerDef
-from optcore._src.definitions.wrapper import Nested, StateWrapper
+from optcore._src.definitions.wrapper import StateWrapper
+from optcore._src.ground.declarations import Nested
 from optcore._src.ground.paths import some_paths
 from optcore._src.ground.state import OptimizerState
 from optcore._src.ground.traversal import leaves_with_paths

@@ -12,9 +12,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from optcore._src.definitions.base import OptimizerDef
-from optcore._src.definitions.wrapper import Nested, Replicated, StateWrapper, init_in_one_program
+from optcore._src.definitions.wrapper import StateWrapper, init_in_one_program
 from optcore._src.ground import paths
 from optcore._src.ground.checks import check_float_params
+from optcore._src.ground.declarations import Nested, Replicated
 from optcore._src.ground.state import OptimizerState
 
 PyTree = Any

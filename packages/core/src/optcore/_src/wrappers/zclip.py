@@ -12,8 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from optcore._src.definitions.base import OptimizerDef
-from optcore._src.definitions.wrapper import Nested, Replicated, StateWrapper, one_of
+from optcore._src.definitions.wrapper import StateWrapper, one_of
 from optcore._src.ground.checks import check_float_params
+from optcore._src.ground.declarations import Nested, Replicated
 from optcore._src.ground.state import OptimizerState
 from optcore._src.wrappers.skip import global_norm
 
