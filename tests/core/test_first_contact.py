@@ -108,8 +108,12 @@ def test_accumulate_every_step_rounds_as_optax_multisteps_does():
   core, _ = _trajectory(optcore.accumulate(optcore.adamw(1e-2), every=1))
   tx = optax.MultiSteps(optax.adamw(1e-2), every_k_schedule=1)
   p, s = params, tx.init(params)
-  step = jax.jit(lambda p, s, g: tx.update(g, s, p))
+
+  @jax.jit  # one program, update and apply, as the core face's step is
+  def step(p, s, g):
+    updates, s = tx.update(g, s, p)
+    return optax.apply_updates(p, updates), s
+
   for i in range(30):
-    updates, s = step(p, s, {"w": jnp.sin(params["w"] * (i + 1))})
-    p = optax.apply_updates(p, updates)
+    p, s = step(p, s, {"w": jnp.sin(params["w"] * (i + 1))})
   np.testing.assert_array_equal(core, np.asarray(p["w"]))
