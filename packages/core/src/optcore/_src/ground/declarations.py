@@ -26,6 +26,10 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Annotated, Any
 
+import jax
+
+from optcore._src.ground import paths
+
 PyTree = Any
 
 
@@ -92,16 +96,24 @@ UndeclaredStateError.__module__ = "optcore"
 def as_role(value: Any, where: str) -> Role:
   """The `Role` a declaration names: a role, one of the public annotations, optax_rules' words
   (``"params"``, ``"replicated"``, ``"nested"``) or an axes rule (a function)."""
-  if isinstance(value, Role):
-    return value
-  for item in getattr(value, "__metadata__", ()):
-    if isinstance(item, Role):
-      return item
-  if isinstance(value, str) and value in _WORDS:
-    return _WORDS[value]
-  if callable(value):
-    return Role("rule", value)
+  # an annotation (optcore.FirstMoment) carries its role in its metadata; the alias itself is
+  # callable, so it is read before the value is taken as an axes rule
+  declared = [m for m in getattr(value, "__metadata__", ()) if isinstance(m, Role)]
+  if (role := declared[0] if declared else _role_of(value)) is not None:
+    return role
   raise TypeError(f"{where}: {value!r} declares nothing; use {_PUBLIC}")
+
+
+def _role_of(item: Any) -> Role | None:
+  """The `Role` one declaration item names (a role, optax_rules' word, an axes rule), or None
+  for anything else an annotation may carry."""
+  if isinstance(item, Role):
+    return item
+  if isinstance(item, str):
+    return _WORDS.get(item)
+  if callable(item) and not isinstance(item, type):
+    return Role("rule", item)
+  return None
 
 
 def declare_state(state_type: type, /, **fields: Any) -> type:
@@ -205,12 +217,9 @@ def _annotated_fields(state_type: type) -> Mapping[str, Role] | None:
     ) from None
   roles = {}
   for name in state_type._fields:
-    found = [m for m in getattr(hints.get(name), "__metadata__", ()) if isinstance(m, Role)]
-    found += [
-      _WORDS[m] if isinstance(m, str) else Role("rule", m)
-      for m in getattr(hints.get(name), "__metadata__", ())
-      if (isinstance(m, str) and m in _WORDS) or (callable(m) and not isinstance(m, type))
-    ]
+    items = getattr(hints.get(name), "__metadata__", ())
+    declared = [m for m in items if isinstance(m, Role)]  # a role before a word or a rule
+    found = declared or [role for role in map(_role_of, items) if role is not None]
     if found:
       roles[name] = found[0]
   if not roles:
@@ -268,8 +277,6 @@ def leaf_roles(tree: PyTree, *, is_leaf: Callable[[Any], bool] | None = None) ->
   """``{key path: role}`` for each leaf of ``tree`` under a declared field, the innermost
   declaration winning (a nested state's own fields over its owner's `Nested`); a leaf under no
   declared field is absent. Key paths are `jax.tree_util`'s, from the top of ``tree``."""
-  import jax  # the ground imports jax lazily: declarations are read before any array exists
-
   out: dict = {}
 
   def visit(keys: tuple, node: Any, role: Role | None) -> None:
@@ -286,13 +293,13 @@ def leaf_roles(tree: PyTree, *, is_leaf: Callable[[Any], bool] | None = None) ->
         inner = None if declared is NESTED else (declared or role)
         visit((*keys, jax.tree_util.GetAttrKey(name)), getattr(node, name), inner)
       return
-    children = jax.tree_util.tree_flatten_with_path(node, is_leaf=lambda x: x is not node)[0]
-    if len(children) == 1 and children[0][0] == () and children[0][1] is node:
+    split = paths.children_with_keys(node)
+    if split is None:  # a leaf
       if role is not None:
         out[keys] = role
       return
-    for child_keys, child in children:
-      visit((*keys, *child_keys), child, role)
+    for key, child in split[0]:
+      visit((*keys, key), child, role)
 
   visit((), tree, None)
   return out
@@ -302,8 +309,6 @@ def undeclared_types(tree: PyTree) -> list[tuple[tuple, type]]:
   """Each NamedTuple state node of ``tree`` whose type declares nothing, with its key path: the
   containers of states (tuples, lists, dicts) and each declared `Nested` field are entered, a
   field declared as data (`ParamShaped`, a moment, `Replicated`) is not."""
-  import jax
-
   found: list[tuple[tuple, type]] = []
 
   def visit(keys: tuple, node: Any) -> None:
@@ -316,11 +321,9 @@ def undeclared_types(tree: PyTree) -> list[tuple[tuple, type]]:
         if fields.get(name) is NESTED:
           visit((*keys, jax.tree_util.GetAttrKey(name)), getattr(node, name))
       return
-    children = jax.tree_util.tree_flatten_with_path(node, is_leaf=lambda x: x is not node)[0]
-    if len(children) == 1 and children[0][0] == () and children[0][1] is node:
-      return
-    for child_keys, child in children:
-      visit((*keys, *child_keys), child)
+    split = paths.children_with_keys(node)
+    for key, child in split[0] if split is not None else ():
+      visit((*keys, key), child)
 
   visit((), tree)
   return found

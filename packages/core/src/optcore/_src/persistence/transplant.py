@@ -4,10 +4,11 @@ optimizer or other parameters, leaf by leaf where path, role and shape still mat
 A state leaf is identified by the parameter it belongs to and its role there:
 ``param_states/0/mu/dense/kernel`` (optax: the role before the parameter's
 path) and ``param_states/dense/kernel/grad_ema`` (flax.optim and T5X: the role
-after it) are both ``mu`` of ``dense/kernel``; flax.optim's names are read as
-optax's (`ROLE_ALIASES`). Leaves of no parameter (counts, the step) are
-identified by their name and the roles they sit beside: adam's ``count``
-beside ``mu`` and ``nu``, a schedule's ``count`` alone. The structure around
+after it) are both ``mu`` of ``dense/kernel``. Where the names differ, a moment is matched by
+the role its state type declares (`optcore.FirstMoment`, `optcore.SecondMoment`): flax.optim's
+``grad_ema`` fills optax's ``mu``, adam's ``mu`` a user's declared first moment. Leaves of no
+parameter (counts, the step) are identified by their name and the roles they sit beside:
+adam's ``count`` beside ``mu`` and ``nu``, a schedule's ``count`` alone. The structure around
 them (chain indices, wrappers) does not matter, so adam's state moves into
 adamw's, into ``accumulate(adam)``, or out of a flax.optim checkpoint.
 
@@ -192,7 +193,7 @@ def transplant_state(
   old = _classify(_flatten(state_dict["state"]), param_paths, lengths, old_roles)
   by_key = {leaf.key: leaf for leaf in old}
   old_step = by_key.get(("step",))
-  old_counted_by = _counted_by(old)
+  old_counters, old_counted_by = _counters(old), _counted_by(old)
 
   # A count (adam's, accumulate's mini_step) counts for the parameter state it sits beside,
   # the leaves whose nearest count it is.
@@ -269,7 +270,7 @@ def transplant_state(
       sources = [found[p.path].source for p in counted]
       owners = {old_counted_by.get(s.path) for s in sources if s is not None}
       owner = next(iter(owners)) if len(owners) == 1 else None
-      counter = _counters(old).get(owner) if owner is not None else None
+      counter = old_counters.get(owner) if owner is not None else None
       if counter is not None and leaf.declared is not None and counter.declared is not None:
         found[leaf.path] = match(leaf, counter, "the count of the moments kept")
         continue
@@ -336,11 +337,7 @@ def _declared_paths(param_states: Any) -> dict[Path, declarations.Role]:
   # A state dict names a leaf by its canonical path (no framework-internal level, as treeo's):
   # the same leaves in the same order, named as the state dict names them.
   keyed = jax.tree_util.tree_flatten_with_path(param_states)[0]
-  named = paths.leaves_with_names(param_states)[0]
-  if len(keyed) != len(named):  # a level that hides more than one leaf: by key names, then
-    return {
-      ("param_states", *(paths.key_name(k) for k in keys)): role for keys, role in roles.items()
-    }
+  named = paths.leaves_with_names(param_states)[0]  # a hidden level holds one child: as many
   return {
     ("param_states", *names): roles[keys]
     for (keys, _), (names, _) in zip(keyed, named, strict=True)
