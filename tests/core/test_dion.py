@@ -173,10 +173,10 @@ def test_low_bit_state_quantizes_the_moments_only():
 @pytest.mark.parametrize(
   ("kwargs", "message"),
   [
-    ({"rank_fraction": 0.0}, "rank_fraction must be in \\(0, 1\\]"),
+    ({"rank_fraction": 0.0}, "rank_fraction must be a number in \\(0, 1\\]"),
     ({"qr_method": "svd"}, "qr_method must be one of"),
     ({"scalar_algorithm": "sgd"}, "scalar_algorithm must be one of"),
-    ({"power_iters": 0}, "power_iters must be a positive integer"),
+    ({"power_iters": 0}, "power_iters must be an integer >= 1"),
   ],
 )
 def test_bad_settings_name_the_setting(kwargs, message):

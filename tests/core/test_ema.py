@@ -141,7 +141,7 @@ def test_configs_round_trip(opt_def):
     (
       lambda: optcore.ema(optcore.sgd(0.1), decay=1.0),
       ValueError,
-      r"decay must be a float in \[0, 1\)",
+      r"decay must be a number in \[0, 1\)",
     ),
     (
       lambda: optcore.ema(optcore.sgd(0.1), debias="yes"),

@@ -318,7 +318,7 @@ def test_transplant_from_float32_adam_into_8_bits_and_back():
     ({"bits": 4, "block_size": 63}, ValueError, r"block_size must be .* \(even at 4 bits"),
     ({"states": ["nu"]}, TypeError, "states must be a regular expression"),
     ({"states": "nu("}, ValueError, r"states='nu\(' is not a regular expression"),
-    ({"min_size": -1}, ValueError, "min_size must be an int >= 0"),
+    ({"min_size": -1}, ValueError, r"min_size must be an integer >= 0; got -1"),
     ({"rounding": "down"}, ValueError, re.escape(f"rounding must be one of {ROUNDINGS}")),
   ],
 )

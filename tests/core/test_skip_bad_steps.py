@@ -156,9 +156,9 @@ def test_under_accumulate_a_skipped_mini_batch_is_not_in_the_mean():
 @pytest.mark.parametrize(
   ("kwargs", "match"),
   [
-    ({"window": 0}, "window must be a positive int"),
-    ({"warmup": 1.5}, "warmup must be a positive int"),
-    ({"sigmas": -1.0}, "sigmas must be a positive number"),
+    ({"window": 0}, "window must be an integer >= 1"),
+    ({"warmup": 1.5}, "warmup must be an integer >= 1; got 1.5"),
+    ({"sigmas": -1.0}, "sigmas must be a number > 0; got -1.0"),
     ({"window": 4, "warmup": 8}, "warmup=8 is longer than window=4"),
   ],
 )

@@ -115,7 +115,7 @@ def test_float32_parameters_are_stepped_as_they_are():
 def test_bad_input_is_refused_by_name():
   with pytest.raises(TypeError, match=r"the parameter at '/h' is float16.*bfloat16"):
     optcore.stochastic_rounding(optcore.sgd(0.1)).create({"h": jnp.ones(2, jnp.float16)})
-  with pytest.raises(TypeError, match=r"seed must be an int, got seed=0\.5"):
+  with pytest.raises(TypeError, match=r"seed must be an integer; got 0\.5"):
     optcore.stochastic_rounding(optcore.sgd(0.1), seed=0.5)
   with pytest.raises(TypeError, match="wraps stochastic_rounding twice; round once"):
     optcore.stochastic_rounding(optcore.ema(optcore.stochastic_rounding(optcore.sgd(0.1)), 0.9))

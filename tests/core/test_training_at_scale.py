@@ -156,8 +156,8 @@ def test_accumulate_partition_rules_cover_its_state():
 @pytest.mark.parametrize(
   "build,match",
   [
-    (lambda: optcore.accumulate(optcore.sgd(0.1), every=0), "every must be a positive int"),
-    (lambda: optcore.accumulate(optcore.sgd(0.1), every=2.0), "every must be a positive int"),
+    (lambda: optcore.accumulate(optcore.sgd(0.1), every=0), "every must be an integer >= 1; got 0"),
+    (lambda: optcore.accumulate(optcore.sgd(0.1), every=2.0), "every must be an integer >= 1; got 2.0"),
     (lambda: optcore.accumulate(optax.sgd(0.1), every=2), "OptaxWrapper"),
     (
       lambda: optcore.accumulate(optcore.accumulate(optcore.sgd(0.1), every=2), every=2),

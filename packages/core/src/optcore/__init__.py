@@ -80,9 +80,11 @@ from optcore._src.definitions.optax_wrapper import ELEMENTWISE_OPTAX as ELEMENTW
 from optcore._src.definitions.optax_wrapper import OptaxWrapper as OptaxWrapper
 from optcore._src.definitions.optax_wrapper import chain as chain
 from optcore._src.definitions.optax_wrapper import wrap_optax_optimizer as wrap_optax_optimizer
+from optcore._src.ground.arguments import ArgumentError as ArgumentError
 from optcore._src.ground.checks import MissingHyperParameterError as MissingHyperParameterError
 from optcore._src.ground.checks import TreeMismatchError as TreeMismatchError
 from optcore._src.ground.checks import check_gradients as check_gradients
+from optcore._src.ground.declarations import Count as Count
 from optcore._src.ground.declarations import FirstMoment as FirstMoment
 from optcore._src.ground.declarations import Nested as Nested
 from optcore._src.ground.declarations import ParamShaped as ParamShaped
@@ -188,8 +190,10 @@ __all__ = [
   "OPTAX_ALIASES",
   "Accumulate",
   "AccumulateState",
+  "ArgumentError",
   "Cautious",
   "CautiousState",
+  "Count",
   "Ema",
   "EmaState",
   "FirstMoment",

@@ -7,7 +7,6 @@ import enum
 import functools
 import inspect
 import math
-import types
 import typing
 from collections.abc import Mapping
 from typing import Any, cast
@@ -25,6 +24,7 @@ from optcore._src.definitions.base import OptimizerDef
 from optcore._src.definitions.multi_optimizer import MultiOptimizer
 from optcore._src.definitions.optax_wrapper import OptaxWrapper, chain
 from optcore._src.definitions.wrapper import REQUIRED, WRAPPERS, Wrapper
+from optcore._src.ground.arguments import ArgumentError, annotation_args, takes_numbers
 from optcore._src.ground.hyper_params import static_key
 from optcore._src.ground.schedules import OWN_SCHEDULES, WritesConfig
 from optcore._src.legacy.adafactor import Adafactor as _T5XAdafactor
@@ -150,6 +150,8 @@ def from_config(config: Mapping[str, Any], *, _path: str = "") -> OptimizerDef:
   kwargs = {k: _value(k, v, _join(_path, k)) for k, v in args.items()}
   try:
     return factory(**kwargs)
+  except ArgumentError as e:  # a declared argument: name its field
+    raise ConfigError(f"at {_join(_path, e.argument)!r}: {name}: {e.message}") from None
   except (TypeError, ValueError) as e:
     raise ConfigError(f"at {where!r}: {name}: {e}") from None
 
@@ -284,7 +286,7 @@ def _check_types(name: str, factory: Any, args: Mapping[str, Any], path: str) ->
     # A number by its default, its name, or its annotation (float, int, optax's Numeric).
     # An enum's member (Shampoo's graft_type) is an int by type, not a number to a config.
     by_default = _is_number(p.default) and not isinstance(p.default, enum.Enum)
-    numeric = by_default or key.endswith("learning_rate") or _takes_numbers(p)
+    numeric = by_default or key.endswith("learning_rate") or takes_numbers(p)
     if numeric:
       if isinstance(value, Mapping) and "schedule" in value:
         continue
@@ -321,32 +323,14 @@ def _int_keys(value: Any) -> Any:
   return value
 
 
-def _annotation_args(p: inspect.Parameter) -> tuple[Any, ...]:
-  """The types an argument's annotation admits (one, or a Union's members)."""
-  annotation = p.annotation
-  if annotation is inspect.Parameter.empty or isinstance(annotation, str):
-    return ()
-  if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-    return typing.get_args(annotation)
-  return (annotation,)
-
-
-def _takes_numbers(p: inspect.Parameter) -> bool:
-  """An argument annotated with numbers (float, int, optax's Numeric or Optional[float])."""
-  admitted = _annotation_args(p)
-  return any(a in (int, float) for a in admitted) and not any(
-    a is str or a is typing.Any for a in admitted
-  )
-
-
 def _takes_other_values(p: inspect.Parameter, value: Any) -> bool:
   """A value besides a number that the argument's annotation admits: None for
   Optional[...] (or a None default), a list, a mapping, a callable config."""
   if value is None:
-    return p.default is None or type(None) in _annotation_args(p)
+    return p.default is None or type(None) in annotation_args(p)
   if isinstance(value, Mapping) and "name" in value:  # an optimizer config, where one fits
     return False
-  origins = {typing.get_origin(a) or a for a in _annotation_args(p)}
+  origins = {typing.get_origin(a) or a for a in annotation_args(p)}
   return isinstance(value, (list, Mapping)) and bool(
     origins & {list, tuple, dict, collections.abc.Sequence, collections.abc.Mapping}
   )
@@ -436,6 +420,8 @@ def _wrapper(name: str, args: Mapping[str, Any], path: str) -> OptimizerDef:
   inner = from_config(args["optimizer"], _path=_join(path, "optimizer"))
   try:
     return cls(inner, **{k: v for k, v in args.items() if k != "optimizer"})
+  except ArgumentError as e:  # a declared argument: name its field
+    raise ConfigError(f"at {_join(path, e.argument)!r}: {name}: {e.message}") from None
   except (TypeError, ValueError) as e:
     said = str(e) if str(e).startswith(name) else f"{name}: {e}"  # its own name once
     raise ConfigError(f"at {path or 'config'!r}: {said}") from None

@@ -233,22 +233,26 @@ def matrix_layouts(
   optimizer of whole matrices (NorMuon, Dion) takes it, None where its element-wise branch
   does: without logical axes the 2-D leaves (the rule of their authors' code, given its
   hidden matrices); with them, exactly two matrix dimensions by `dimension_roles` and no
-  ``'adam'`` one, ``'batch'`` dimensions taken as separate matrices.
+  ``'adam'`` one, ``'batch'`` dimensions taken as separate matrices. A leaf with no
+  elements has no matrix to orthogonalise (its rows over its columns would divide by
+  zero): it takes the element-wise branch, which leaves it as it is.
 
   Example:
     >>> import jax.numpy as jnp
     >>> from optcore._src.axes.matrix_axes import matrix_layouts
     >>> matrix_layouts("x", {"b": jnp.zeros(3), "w": jnp.zeros((3, 2))}, None, None)
     [None, ((), 0, 1)]
+    >>> matrix_layouts("x", {"w": jnp.zeros((3, 0))}, None, None)
+    [None]
   """
   leaves, treedef = jax.tree.flatten(params)
   if param_logical_axes is None:
-    return [((), 0, 1) if p.ndim == 2 else None for p in leaves]
+    return [((), 0, 1) if p.ndim == 2 and p.size else None for p in leaves]
   found = treedef.flatten_up_to(dimension_roles(optimizer, params, param_logical_axes, rules))
   out = []
   for p, found_roles in zip(leaves, found, strict=True):
     roles, batch, kept, _ = split_batch(tuple(p.shape), found_roles)
-    matrix = len(kept) == 2 and not any(roles[d] == "adam" for d in kept)
+    matrix = len(kept) == 2 and not any(roles[d] == "adam" for d in kept) and p.size > 0
     out.append((batch, kept[0], kept[1]) if matrix else None)
   return out
 

@@ -28,6 +28,8 @@ P, R, N = "params", "replicated", "nested"
 #: A parameter-shaped moment (`optcore.FirstMoment`, `optcore.SecondMoment`): quantized by
 #: `low_bit_state` with the signed or the unsigned map, carried over by `transplant`'s roles.
 FM, SM = declarations.FIRST_MOMENT, declarations.SECOND_MOMENT
+#: A step counter (`optcore.Count`): replicated, and what `transplant` reads as the count.
+C = declarations.COUNT
 FieldRule = Callable[[Any, Any, Any, Any], Any]  # (field, state, params_axes, params) -> axes
 field_rule = pr.field_rule
 
@@ -223,45 +225,45 @@ def _register_builtin() -> None:
   # Core transformations.
   fields(o.EmptyState)
   fields(o.MaskedNode)
-  fields(o.ScaleByAdamState, count=R, mu=FM, nu=SM)
-  fields(o.ScaleByAmsgradState, count=R, mu=FM, nu=SM, nu_max=SM)
-  fields(o.ScaleByBeliefState, count=R, mu=FM, nu=SM)
-  fields(o.ScaleByNovogradState, count=R, mu=FM, nu=SM)
-  fields(o.ScaleByLionState, count=R, mu=FM)
+  fields(o.ScaleByAdamState, count=C, mu=FM, nu=SM)
+  fields(o.ScaleByAmsgradState, count=C, mu=FM, nu=SM, nu_max=SM)
+  fields(o.ScaleByBeliefState, count=C, mu=FM, nu=SM)
+  fields(o.ScaleByNovogradState, count=C, mu=FM, nu=SM)
+  fields(o.ScaleByLionState, count=C, mu=FM)
   fields(o.ScaleByRmsState, nu=SM)
-  fields(T("ScaleByRmsWithCountState"), count=R, nu=SM)
+  fields(T("ScaleByRmsWithCountState"), count=C, nu=SM)
   fields(o.ScaleByRStdDevState, mu=FM, nu=SM)
-  fields(T("ScaleByRStdDevWithCountState"), count=R, mu=FM, nu=SM)
+  fields(T("ScaleByRStdDevWithCountState"), count=C, mu=FM, nu=SM)
   fields(o.ScaleByRssState, sum_of_squares=SM)
   fields(o.ScaleByAdaDeltaState, e_g=SM, e_x=SM)
   fields(o.ScaleByAdanState, m=FM, v=FM, n=SM, g=P, t=R)
   fields(o.ScaleByRpropState, step_sizes=FM, prev_updates=FM)
-  fields(o.ScaleByScheduleState, count=R)
+  fields(o.ScaleByScheduleState, count=C)
   fields(T("ScaleByOptimisticGradientState"), is_initial_step=R, previous_gradient=P)
   fields(T("ScaleByDistanceOverGradientsState"), max_dist=P, grad_sum_of_squares=SM, init_params=P)
   fields(o.ScaleBySM3State, mu=SM.with_axes(_sm3_mu), nu=FM)
-  fields(o.ScaleByLBFGSState, count=R, params=P, updates=P,
+  fields(o.ScaleByLBFGSState, count=C, params=P, updates=P,
          diff_params_memory=_memory, diff_updates_memory=_memory, weights_memory=R)  # fmt: skip
-  declarations.declare_known(o.FactoredState, count=R, v_row=SM, v_col=SM, v=SM)
+  declarations.declare_known(o.FactoredState, count=C, v_row=SM, v_col=SM, v=SM)
   pr.register_state_rule(o.FactoredState, _factored_rule)
   fields(o.TraceState, trace=FM)
-  fields(o.EmaState, count=R, ema=FM)
-  fields(o.AddNoiseState, count=R, rng_key=R)
-  fields(o.ApplyEvery, count=R, grad_acc=FM)
+  fields(o.EmaState, count=C, ema=FM)
+  fields(o.AddNoiseState, count=C, rng_key=R)
+  fields(o.ApplyEvery, count=C, grad_acc=FM)
   fields(o.ZeroNansState, found_nan=P)
   fields(o.ScaleByBacktrackingLinesearchState, learning_rate=R, value=R, grad=P, info=R)
   fields(o.ScaleByZoomLinesearchState, learning_rate=R, value=R, grad=P, info=R)
-  fields(T("WeightDecaySchedule"), count=R)
-  fields(T("WrappedScheduleState"), count=R)
+  fields(T("WeightDecaySchedule"), count=C)
+  fields(T("WrappedScheduleState"), count=C)
   # Combinators: the inner states are derived with the same parameters.
   fields(o.MaskedState, inner_state=N)
   fields(o.transforms.PartitionState, inner_states=N)
-  fields(o.InjectHyperparamsState, count=R, hyperparams=R, inner_state=N)
-  fields(o.InjectStatefulHyperparamsState, count=R, hyperparams=R, hyperparams_states=N,
+  fields(o.InjectHyperparamsState, count=C, hyperparams=R, inner_state=N)
+  fields(o.InjectStatefulHyperparamsState, count=C, hyperparams=R, hyperparams_states=N,
          inner_state=N)  # fmt: skip
   fields(o.MultiStepsState, mini_step=R, gradient_step=R, inner_opt_state=N, acc_grads=FM,
          skip_state=N)  # fmt: skip
-  fields(o.ApplyIfFiniteState, notfinite_count=R, last_finite=R, total_notfinite=R, inner_state=N)
+  fields(o.ApplyIfFiniteState, notfinite_count=C, last_finite=R, total_notfinite=R, inner_state=N)
   fields(o.ConditionallyMaskState, step=R, inner_state=N)
   fields(o.ConditionallyTransformState, inner_state=N, step=R)
   fields(o.LookaheadState, fast_state=_lookahead_fast, steps_since_sync=R)
@@ -270,30 +272,30 @@ def _register_builtin() -> None:
   fields(o.transforms.MonitorState, measurements=N, measure_states=N)
   fields(o.transforms.SnapshotState, measurement=N)
   # optax.contrib.
-  fields(c.ScaleByAdemamixState, count=R, count_m2=R, m1=FM, m2=FM, nu=SM)
+  fields(c.ScaleByAdemamixState, count=C, count_m2=R, m1=FM, m2=FM, nu=SM)
   fields(c.ScaleBySimplifiedAdEMAMixState, t=R, m=FM, n=SM)
   fields(c.COCOBState, init_particles=P, cumulative_gradients=FM, scale=FM, subgradients=FM,
          reward=FM)  # fmt: skip
   fields(c.DAdaptAdamWState, exp_avg=FM, exp_avg_sq=SM, grad_sum=FM, estim_lr=R,
-         numerator_weighted=R, count=R)  # fmt: skip
+         numerator_weighted=R, count=C)  # fmt: skip
   fields(c.DoGState, is_init_step=R, init_params=P, max_dist=P, sum_sq_norm_grads=SM)
   fields(c.DoWGState, init_params=P, weighted_sq_norm_grads=SM, estim_sq_dist=SM)
-  declarations.declare_known(c.GaLoreState, count=R, base_optimizer_state=N, projector=P)
+  declarations.declare_known(c.GaLoreState, count=C, base_optimizer_state=N, projector=P)
   pr.register_state_rule(c.GaLoreState, _galore_rule)
-  fields(c.MadgradState, count=R, grad_sum_sq=SM, s=FM, x0=P)
-  fields(c.MechanicState, base_optimizer_state=N, count=R, r=R, m=R, v=R, s=R, x0=P)
-  fields(c.MomoState, exp_avg=FM, barf=R, gamma=R, lb=R, count=R)
-  fields(c.MomoAdamState, exp_avg=FM, exp_avg_sq=SM, barf=R, gamma=R, lb=R, count=R)
-  fields(c.MuonState, count=R, mu=FM, ns_coeffs=R)
+  fields(c.MadgradState, count=C, grad_sum_sq=SM, s=FM, x0=P)
+  fields(c.MechanicState, base_optimizer_state=N, count=C, r=R, m=R, v=R, s=R, x0=P)
+  fields(c.MomoState, exp_avg=FM, barf=R, gamma=R, lb=R, count=C)
+  fields(c.MomoAdamState, exp_avg=FM, exp_avg_sq=SM, barf=R, gamma=R, lb=R, count=C)
+  fields(c.MuonState, count=C, mu=FM, ns_coeffs=R)
   fields(c.DifferentiallyPrivateAggregateState, rng_key=R)
   fields(c.ProdigyState, exp_avg=FM, exp_avg_sq=SM, grad_sum=FM, params0=P, estim_lr=R,
-         numerator_weighted=R, count=R)  # fmt: skip
-  fields(c.ReduceLROnPlateauState, scale=R, best_value=R, plateau_count=R, cooldown_count=R,
-         count=R, avg_value=R)  # fmt: skip
+         numerator_weighted=R, count=C)  # fmt: skip
+  fields(c.ReduceLROnPlateauState, scale=R, best_value=R, plateau_count=C, cooldown_count=C,
+         count=C, avg_value=R)  # fmt: skip
   fields(c.SAMState, steps_since_sync=R, opt_state=N, adv_state=N, cache=P)
-  fields(c.ScheduleFreeState, b1=R, weight_sum=R, step_count=R, max_lr=R,
+  fields(c.ScheduleFreeState, b1=R, weight_sum=R, step_count=C, max_lr=R,
          base_optimizer_state=N, z=P)  # fmt: skip
-  fields(c.SophiaState, count=R, mu=FM, nu=SM, hessian_fn_state=N)
+  fields(c.SophiaState, count=C, mu=FM, nu=SM, hessian_fn_state=N)
   fields(c.HutchinsonState, key=R)
   fields(c.SplitRealAndImaginaryState, inner_state=_split_complex)
   # optax.experimental aggregators (gradient accumulation).
@@ -304,7 +306,7 @@ def _register_builtin() -> None:
   fields(agg.AccumulateAvgUpdatesState, micro_step=R, ready=R, avg_grad=FM)
   fields(agg.PerElementMeanAndSumSqDiffGradsState, micro_step=R, ready=R, mean_grads=FM,
          sum_sq_diff_grads=SM)  # fmt: skip
-  fields(agg.PerElementMeanAndVarianceEMAState, count=R, ema_decay=R, mean_grads_ema=FM,
+  fields(agg.PerElementMeanAndVarianceEMAState, count=C, ema_decay=R, mean_grads_ema=FM,
          variance_grads_ema=SM)  # fmt: skip
 
 

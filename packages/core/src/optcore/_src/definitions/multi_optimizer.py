@@ -396,25 +396,36 @@ class MultiOptimizer(OptimizerDef):
     return frozenset().union(*(opt.overridable_names() for opt in self.sub_optimizers))
 
   def update_hyper_params(self, **hyper_param_overrides: Any) -> Any:  # one per group
-    """``hyper_params=[...]`` replaces all; a keyword goes to each group that has it."""
+    """``hyper_params=[...]`` replaces all; a keyword goes to each group that takes it (its
+    `overridable_names`: a ``chain``'s members' names too), ``'1/learning_rate'`` (the name
+    `optcore.current_hyper_params` reports) to the second group only."""
     hyper_params = list(hyper_param_overrides.pop("hyper_params", self.hyper_params))
     if len(hyper_params) != len(self.sub_optimizers):
       raise TypeError(
         f"hyper_params= needs one entry per group ({len(self.sub_optimizers)}), "
         f"got {len(hyper_params)}"
       )
-    unknown = [k for k in hyper_param_overrides if not any(k in hp for hp in hyper_params)]
+    names = [opt.overridable_names() for opt in self.sub_optimizers]
+    per_group: list[dict[str, Any]] = [{} for _ in self.sub_optimizers]
+    unknown = []
+    for key, value in hyper_param_overrides.items():
+      group, _, rest = key.partition("/")
+      if group.isdigit() and int(group) < len(names) and rest in names[int(group)]:
+        per_group[int(group)][rest] = value
+        continue
+      takers = [i for i, taken in enumerate(names) if key in taken]
+      unknown += [] if takers else [key]
+      for i in takers:
+        per_group[i][key] = value
     if unknown:
-      valid = sorted({name for hp in hyper_params for name in hp})
+      valid = sorted(set().union(*names))
       raise TypeError(
         f"MultiOptimizer: no sub-optimizer has the hyper-parameter(s) {unknown}; the valid "
-        f"names are: {', '.join(valid)}"
+        f"names are: {', '.join(valid)} (or '<group index>/<name>' for one group)"
       )
     return [
-      opt.update_hyper_params(
-        hyper_params=hp, **{k: v for k, v in hyper_param_overrides.items() if k in hp}
-      )
-      for opt, hp in zip(self.sub_optimizers, hyper_params, strict=True)
+      opt.update_hyper_params(hyper_params=hp, **mine)
+      for opt, hp, mine in zip(self.sub_optimizers, hyper_params, per_group, strict=True)
     ]
 
   def _static_key(self) -> tuple:

@@ -24,7 +24,7 @@ import optax.contrib
 from optcore._src.axes import partition_rules, sharding
 from optcore._src.containers.export import boxed_like_parameters, optax_update_arguments
 from optcore._src.definitions.base import OptimizerDef
-from optcore._src.ground import declarations, overrides, paths
+from optcore._src.ground import arguments, declarations, overrides, paths
 from optcore._src.ground.checks import check_float_params, check_gradients
 from optcore._src.ground.hyper_params import HyperParams, name_hint, static_key
 from optcore._src.ground.state import OptimizerState
@@ -186,7 +186,9 @@ class OptaxWrapper(OptimizerDef):
     transformation."""
     if self._factory is None:
       return frozenset()
-    return frozenset(self.hyper_params) | overrides.reachable_names(self.hyper_params)
+    hyper_params = self.hyper_params
+    nested = overrides.reachable_names(hyper_params) | overrides.path_names(hyper_params)
+    return frozenset(hyper_params) | nested
 
   def update_hyper_params(self, **hyper_param_overrides: Any) -> HyperParams:
     if self._factory is None and hyper_param_overrides.keys() - {"hyper_params"}:
@@ -344,14 +346,18 @@ def wrap_optax_optimizer(
       face, e.g. T5X's); default `OptaxWrapper`.
     validate: called with the bound arguments (defaults applied) when a
       definition is made; it raises for a wrong one, so the error comes at
-      construction instead of at the first step.
+      construction instead of at the first step. Before it, every argument is
+      checked as ``optax_optimizer`` declares it (`optcore._src.ground.arguments`:
+      its ``declare``, else its annotations: a number, never a string, NaN or
+      infinity).
 
   Returns:
     A factory with ``optax_optimizer``'s signature returning `OptaxWrapper` definitions.
 
   Raises:
     TypeError: ``definition_class`` is not an `OptaxWrapper` subclass (the
-      factory itself raises TypeError for an argument ``optax_optimizer`` lacks).
+      factory itself raises TypeError for an argument ``optax_optimizer`` lacks,
+      and `optcore.ArgumentError` for one it does not accept).
 
   Example:
     >>> import jax.numpy as jnp, optax
@@ -375,6 +381,7 @@ def wrap_optax_optimizer(
     raise TypeError(f"definition_class must be a subclass of OptaxWrapper, got {cls!r}")
 
   signature = inspect.signature(optax_optimizer)
+  specs = arguments.from_annotations(optax_optimizer)  # its declaration, or optax's annotations
 
   def wrapped(*args: Any, **kwargs: Any) -> OptaxWrapper:
     try:
@@ -382,6 +389,7 @@ def wrap_optax_optimizer(
     except TypeError as e:
       raise TypeError(f"{shown}(): {_argument_message(e, kwargs, signature, shown)}") from None
     bound.apply_defaults()
+    bound.arguments.update(arguments.check(shown, specs, bound.arguments))
     if validate is not None:
       validate(bound.arguments)
     return cls(optax_optimizer, bound.arguments, name=shown)

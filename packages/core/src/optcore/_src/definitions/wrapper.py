@@ -317,16 +317,6 @@ def init_in_one_program(init: Any, params: PyTree) -> Any:
   return jax.jit(init, compiler_options={"xla_disable_hlo_passes": "constant_folding"})(params)
 
 
-def one_of(where: str, name: str, value: Any, options: tuple[str, ...], hint: str = "") -> str:
-  """``value`` (a string, case-insensitive) if it is one of ``options``, else ValueError naming
-  ``where``, ``name``, the options and ``hint`` (what each means)."""
-  found = value.lower() if isinstance(value, str) else value
-  if found not in options:
-    hint = f" ({hint})" if hint else ""
-    raise ValueError(f"{where}: {name} must be one of {options}{hint}; got {name}={value!r}")
-  return found
-
-
 def floating_dtype(where: str, name: str, dtype: Any) -> Any:
   """``dtype`` as a real floating scalar type; TypeError naming ``where`` and ``name`` for any
   other, and for a 64-bit one while JAX's 64-bit mode is off (it would be float32, silently)."""

@@ -174,6 +174,30 @@ def check_float_params(params: PyTree) -> None:
       )
 
 
+def check_real_params(optimizer: str, params: PyTree) -> None:
+  """TypeError naming the first complex parameter, for an optimizer whose algorithm is
+  defined on real numbers only (a complex gradient's imaginary part would never move it).
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from optcore._src.ground.checks import check_real_params
+    >>> check_real_params("mars", {'w': jnp.ones(2, jnp.complex64)})
+    Traceback (most recent call last):
+    ...
+    TypeError: mars: the parameter at '/w' is complex64; mars is defined on real numbers...
+  """
+  for names, leaf in paths.leaves_with_names(params)[0]:
+    dtype = getattr(leaf, "dtype", None)
+    if dtype is not None and jnp.issubdtype(dtype, jnp.complexfloating):
+      raise TypeError(
+        f"{optimizer}: the parameter at {'/' + '/'.join(names)!r} is {dtype_name(dtype)}; "
+        f"{optimizer} is defined on real numbers only (its orthogonalisation, norms and "
+        "square roots would drop the imaginary part, which would never move). Optimise the "
+        "real and imaginary parts as two real parameters: "
+        f"optcore.contrib.split_real_and_imaginary(optcore.contrib.{optimizer}(...))."
+      )
+
+
 def _describe(x: Any) -> str:
   if hasattr(x, "shape") and hasattr(x, "dtype"):
     return f"an array of shape {tuple(x.shape)}"

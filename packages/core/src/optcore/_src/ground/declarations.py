@@ -9,7 +9,8 @@ state types use in their comments, ``count: ArrayLike  # shape=()``, made data):
   momentum trace): quantized by `low_bit_state` with the signed map, carried over by
   `transplant` from any optimizer's first moment;
 - `SecondMoment`: the same of non-negative values (adam's ``nu``): the unsigned map;
-- `Replicated`: split by no axis (a counter, a scalar, a key, a window of norms).
+- `Replicated`: split by no axis (a scalar, a key, a window of norms);
+- `Count`: a step counter, replicated; `transplant` keeps it only with all it counts for.
 
 A type optcore does not own (optax's) gets the same declaration in table form with
 `declare_state`. Logical axes, ZeRO-1 and host memory, low-bit state, transplant and state dicts
@@ -42,6 +43,8 @@ class Role:
   name: str
   axes: Any
   moment: str | None = None
+  #: a step counter: `transplant` keeps it only with all the state it counts for
+  counts: bool = False
 
   def with_axes(self, rule: Callable[..., Any]) -> Role:
     """This role with its own axes rule (a factored or per-dimension accumulator)."""
@@ -65,6 +68,7 @@ PARAM_SHAPED = Role("ParamShaped", "params")
 FIRST_MOMENT = Role("FirstMoment", "params", "first")
 SECOND_MOMENT = Role("SecondMoment", "params", "second")
 REPLICATED = Role("Replicated", "replicated")
+COUNT = Role("Count", "replicated", counts=True)
 #: A nested optax state (a combinator's inner state): its own type declares its fields.
 NESTED = Role("Nested", "nested")
 
@@ -75,13 +79,20 @@ ParamShaped = Annotated[PyTree, PARAM_SHAPED]
 FirstMoment = Annotated[PyTree, FIRST_MOMENT]
 #: A parameter-shaped running average of non-negative values (adam's ``nu``).
 SecondMoment = Annotated[PyTree, SECOND_MOMENT]
-#: A field that no axis splits: a counter, a scalar, a key, a window of norms.
+#: A field that no axis splits: a scalar, a key, a window of norms.
 Replicated = Annotated[Any, REPLICATED]
+#: A step counter (replicated): the count the state's bias corrections and schedules read.
+#: `transplant` keeps it only where it keeps all the state it counts for; beside another
+#: field of no parameter (a random key) it is the one that counts.
+Count = Annotated[Any, COUNT]
 #: A nested state whose own type declares its fields (a wrapper's or combinator's inner state).
 Nested = Annotated[PyTree, NESTED]
 
 _WORDS = {"params": PARAM_SHAPED, "replicated": REPLICATED, "nested": NESTED}
-_PUBLIC = "optcore.ParamShaped, optcore.FirstMoment, optcore.SecondMoment or optcore.Replicated"
+_PUBLIC = (
+  "optcore.ParamShaped, optcore.FirstMoment, optcore.SecondMoment, optcore.Replicated or "
+  "optcore.Count"
+)
 
 _TABLE: dict[type, Mapping[str, Role]] = {}
 

@@ -132,6 +132,37 @@ def reachable_values(hyper_params: Mapping[str, Any]) -> dict[str, Any]:
   return values
 
 
+def path_names(hyper_params: Mapping[str, Any]) -> set[str]:
+  """The names of the nested definitions' hyper-parameters by their path, as
+  `optcore.current_hyper_params` reports them: ``transformations/1/learning_rate`` for the
+  second member of a ``chain``, ``base_optimizer/learning_rate`` for ``mechanize``'s."""
+  names: set[str] = set()
+  for key, value in hyper_params.items():
+    items = value if isinstance(value, (list, tuple)) and not hasattr(value, "_fields") else None
+    for index, item in enumerate(_items(value)):
+      if _is_nested(item):
+        where = f"{key}/{index}" if items is not None else key
+        inner = set(item.hyper_params) | path_names(item.hyper_params)
+        names |= {f"{where}/{name}" for name in inner}
+  return names
+
+
+def _route_by_path(value: Any, rest: list[str], override: Any, owner: str, path: str) -> Any:
+  """``value`` (an argument) with the override at ``rest`` (``['1', 'learning_rate']`` in a
+  list, ``['learning_rate']`` in a definition) given to the definition it names."""
+  if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+    index = int(rest[0]) if rest and rest[0].isdigit() else -1
+    if not 0 <= index < len(value):
+      raise TypeError(f"{owner}: {path!r} names no member (it has {len(value)})")
+    items = list(value)
+    items[index] = _route_by_path(items[index], rest[1:], override, owner, path)
+    return type(value)(items)
+  if not _is_nested(value) or not rest:
+    raise TypeError(f"{owner}: {path!r} names no optimizer's hyper-parameter")
+  name = "/".join(rest)
+  return value.with_hyper_params(value.update_hyper_params(**{name: override}))
+
+
 def route(value: Any, overrides: Mapping[str, Any]) -> Any:
   """``value`` with the overrides its wrapped factories take applied to them."""
   if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
@@ -152,6 +183,16 @@ def route_nested(
   ...)`` its base's) to that definition, as a MultiOptimizer does to its
   groups. Returns the hyper-parameters with them routed, and the overrides of
   ``hyper_params``' own names. A name neither has raises TypeError."""
+  by_path = {k: v for k, v in hyper_param_overrides.items() if "/" in k and k not in hyper_params}
+  if by_path:  # transformations/1/learning_rate: the one definition the path names
+    values = dict(hyper_params)
+    for key, value in by_path.items():
+      first, *rest = key.split("/")
+      if first not in values:
+        raise TypeError(f"{owner}: {key!r} names no argument {first!r}; it has {list(values)}")
+      values[first] = _route_by_path(values[first], rest, value, owner, key)
+    hyper_params = HyperParams(**values)
+    hyper_param_overrides = {k: v for k, v in hyper_param_overrides.items() if k not in by_path}
   nested = {k: v for k, v in hyper_param_overrides.items() if k not in hyper_params}
   reachable = reachable_names(hyper_params) if nested else set()
   if not reachable:

@@ -202,10 +202,25 @@ def instances_in(tree: Any, cls: type | tuple[type, ...]) -> list[Any]:
 
 def instances_with_paths(tree: Any, cls: type | tuple[type, ...]) -> list[tuple[str, Any]]:
   """`instances_in` with where each sits, in the algorithm's own spelling (no ``param_states``
-  level, no wrapper's ``inner`` levels): ``'0'`` for a `MultiOptimizer`'s first group."""
+  level, no wrapper's ``inner`` levels): ``'0'`` for a `MultiOptimizer`'s first group. An
+  instance inside another is found too, after it (``with_statistics(zclip(...))`` keeps a
+  zclip state inside its own)."""
   found = lambda x: isinstance(x, cls)
-  keyed, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=found)
-  return [(own_path(keys), node) for keys, node in keyed if found(node)]
+  out: list[tuple[str, Any]] = []
+
+  def walk(node: Any, above: tuple) -> None:
+    keyed, _ = jax.tree_util.tree_flatten_with_path(
+      node, is_leaf=lambda x: x is not node and found(x)
+    )
+    for keys, sub in keyed:
+      if sub is not node and found(sub):
+        out.append((own_path(above + tuple(keys)), sub))
+        walk(sub, above + tuple(keys))
+
+  if found(tree):
+    out.append(("", tree))
+  walk(tree, ())
+  return out
 
 
 def unbox(tree: Any) -> Any:

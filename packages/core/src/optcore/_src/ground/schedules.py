@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Any, Protocol, runtime_checkable
 
 import jax.numpy as jnp
-import numpy as np
+
+from optcore._src.ground import arguments as a
 
 #: The cooldown shapes, as functions of the cooldown's progress ``x`` in [0, 1] to the share
 #: of ``peak_value - end_value`` left: Hägele et al.'s linear, ``1 - sqrt`` (their best) and
@@ -15,6 +16,18 @@ import numpy as np
 DECAY_SHAPES = ("linear", "cosine", "1-sqrt")
 
 
+_STEPS = a.Number(0, integer=True)
+
+
+@a.declare(
+  peak_value=a.Number(),
+  total_steps=_STEPS,
+  warmup_steps=_STEPS,
+  decay_steps=a.Number(0, integer=True, none=True),
+  init_value=a.Number(),
+  end_value=a.Number(),
+  decay_shape=a.OneOf(DECAY_SHAPES),
+)
 def warmup_stable_decay(
   peak_value: float,
   total_steps: int,
@@ -61,16 +74,8 @@ def warmup_stable_decay(
     >>> [round(float(lr(t)), 2) for t in range(11)]
     [0.0, 0.5, 1.0, 1.0, 1.0, 1.0, 1.0, 0.75, 0.5, 0.25, 0.0]
   """
-  if decay_shape not in DECAY_SHAPES:
-    raise ValueError(
-      f"warmup_stable_decay: decay_shape must be one of {DECAY_SHAPES}, got {decay_shape!r}"
-    )
   if decay_steps is None:
     decay_steps = round(0.2 * total_steps)
-  for name, value in (("total_steps", total_steps), ("warmup_steps", warmup_steps),
-                      ("decay_steps", decay_steps)):  # fmt: skip
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 0:
-      raise ValueError(f"warmup_stable_decay: {name} must be an int >= 0, got {value!r}")
   if warmup_steps + decay_steps > total_steps:
     raise ValueError(
       f"warmup_stable_decay: warmup_steps + decay_steps ({warmup_steps} + {decay_steps}) is "

@@ -29,11 +29,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from optcore._src.axes.matrix_axes import check_rules_with_axes, matrix_layouts, on_copies
+from optcore._src.axes.matrix_axes import on_copies
+from optcore._src.ground import arguments as a
 from optcore._src.ground.checks import require_params
-from optcore._src.ground.declarations import FirstMoment, Replicated, SecondMoment
+from optcore._src.ground.declarations import Count, FirstMoment, Replicated, SecondMoment
 from optcore._src.ground.hyper_params import value_at
-from optcore._src.optimizers.matrix_state import lerp
+from optcore._src.optimizers.matrix_state import kept_dtypes, lerp, matrix_layouts_of
 
 PyTree = Any
 
@@ -53,7 +54,7 @@ class DionState(NamedTuple):
     key: the random key of the next step's sketches (``'rcqr'``, ``'cqr'``).
   """
 
-  count: Replicated
+  count: Count
   momentum: FirstMoment
   variance: SecondMoment
   q: Replicated
@@ -132,6 +133,14 @@ def orthonormalize(
   return jax.lax.cond(ok, cholesky, randomized).astype(p.dtype)
 
 
+# rcqr_oversample: the sketch has at least the rank's rows, or its Cholesky factor is singular
+@a.declare(
+  learning_rate=a.RATE, mu=a.NONNEGATIVE, b1=a.NONNEGATIVE, b2=a.NONNEGATIVE,
+  weight_decay=a.NONNEGATIVE, epsilon=a.NONNEGATIVE, rank_fraction=a.Number(0, 1, low_open=True),
+  rank_multiple_of=a.COUNT, power_iters=a.COUNT, qr_method=a.OneOf(QR_METHODS),
+  cqr_warmup_steps=a.Number(0, integer=True), rcqr_oversample=a.Number(1),
+  scalar_algorithm=a.OneOf(SCALAR_ALGORITHMS), seed=a.Number(integer=True),
+)  # fmt: skip
 def dion(
   learning_rate: optax.ScalarOrSchedule = 0.01,
   *,
@@ -201,15 +210,7 @@ def dion(
     >>> opt.target['w'][2]  # the update lies in the momentum's column space
     Array([0., 0.], dtype=float32)
   """
-  check_rules_with_axes("dion", param_logical_axes, matrix_rules)
-  _check_settings(
-    mu=mu, b1=b1, b2=b2, weight_decay=weight_decay, rank_fraction=rank_fraction,
-    rank_multiple_of=rank_multiple_of, power_iters=power_iters, qr_method=qr_method,
-    scalar_algorithm=scalar_algorithm,
-  )  # fmt: skip
-
-  def layouts(params: PyTree) -> list:
-    return matrix_layouts("dion", params, param_logical_axes, matrix_rules)
+  layouts = matrix_layouts_of("dion", param_logical_axes, matrix_rules)
 
   def init_fn(params: PyTree) -> DionState:
     leaves, treedef = jax.tree.flatten(params)
@@ -265,7 +266,10 @@ def dion(
       direction = _mm(pm, q_new.T)
       direction = direction.T if transpose else direction
       u = -(lr * weight_decay) * x - (math.sqrt(fan_out / fan_in) * lr) * direction
-      u = u.astype(x.dtype)
+      # A NaN or infinity that reached the momentum shows in the parameters, as in every
+      # optax optimizer: the QR's clean-up above (nan_to_num, for a rank-deficient or zero
+      # momentum) would otherwise hide it, and the matrix would stop moving for good.
+      u = jnp.where(jnp.all(jnp.isfinite(m)), u, jnp.nan).astype(x.dtype)
       return (u, m), (q_new.astype(q.dtype),)
 
     (u, m), (q,) = on_copies(p.shape, batch, one_copy, (g, m, p), (q, keys))
@@ -299,30 +303,15 @@ def dion(
         u, m, q = matrix_step(g, m, p, q, dims, lr, leaf_key, use_cholesky)
       out.append((u.astype(p.dtype), m, v, q))
     new, m, v, q = (treedef.unflatten(list(col)) for col in zip(*out, strict=True))
+    # Each field keeps the dtype `init` gave it (the parameters'), whatever the gradients'.
+    m, v, q = (
+      kept_dtypes(m, state.momentum),
+      kept_dtypes(v, state.variance),
+      kept_dtypes(q, state.q),
+    )
     return new, DionState(count, m, v, q, key)
 
   return optax.GradientTransformation(init_fn, update_fn)  # pyright: ignore[reportArgumentType]  # its own state type, optax's protocol says OptState
-
-
-def _check_settings(**settings: Any) -> None:
-  """The reference's checks, with the setting's name and the range it takes."""
-  ranges = {
-    "mu": (settings["mu"] >= 0, "at least 0"),
-    "b1": (settings["b1"] >= 0, "at least 0"),
-    "b2": (settings["b2"] >= 0, "at least 0"),
-    "weight_decay": (settings["weight_decay"] >= 0, "at least 0"),
-    "rank_fraction": (0 < settings["rank_fraction"] <= 1, "in (0, 1]"),
-    "rank_multiple_of": (settings["rank_multiple_of"] >= 1, "a positive integer"),
-    "power_iters": (settings["power_iters"] >= 1, "a positive integer"),
-    "qr_method": (settings["qr_method"] in QR_METHODS, f"one of {QR_METHODS}"),
-    "scalar_algorithm": (
-      settings["scalar_algorithm"] in SCALAR_ALGORITHMS,
-      f"one of {SCALAR_ALGORITHMS}",
-    ),
-  }
-  for name, (ok, expected) in ranges.items():
-    if not ok:
-      raise ValueError(f"dion: {name} must be {expected}; got {settings[name]!r}.")
 
 
 __all__ = ["DionState", "dion", "orthonormalize", "rank_of"]

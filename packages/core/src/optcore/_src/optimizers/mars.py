@@ -22,9 +22,16 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from optcore._src.ground.checks import require_params
-from optcore._src.ground.declarations import FirstMoment, ParamShaped, Replicated, SecondMoment
+from optcore._src.ground import arguments as a
+from optcore._src.ground.checks import check_real_params, require_params
+from optcore._src.ground.declarations import (
+  Count,
+  FirstMoment,
+  ParamShaped,
+  SecondMoment,
+)
 from optcore._src.ground.hyper_params import value_at
+from optcore._src.optimizers.matrix_state import kept_dtypes
 
 PyTree = Any
 
@@ -42,13 +49,20 @@ class MarsState(NamedTuple):
     last_grad: the gradient of the last step (the approximate form's ``g_prev``).
   """
 
-  count: Replicated
+  count: Count
   exp_avg: FirstMoment
   exp_avg_sq: SecondMoment
   max_exp_avg_sq: SecondMoment
   last_grad: ParamShaped
 
 
+@a.declare(
+  learning_rate=a.RATE, b1=a.DECAY, b2=a.DECAY, eps=a.NONNEGATIVE, weight_decay=a.NONNEGATIVE,
+  amsgrad=a.Flag(), gamma=a.Number(), is_approx=a.Flag(),
+  mars_type=a.OneOf(MARS_TYPES, "'mars-shampoo' is not here: contrib.muon or soap precondition"),
+  optimize_1d=a.Flag(), lr_1d=a.RATE, betas_1d=a.Numbers(a.DECAY, 2),
+  weight_decay_1d=a.NONNEGATIVE,
+)  # fmt: skip
 def mars(
   learning_rate: optax.ScalarOrSchedule = 3e-3,
   b1: float = 0.95,
@@ -115,20 +129,10 @@ def mars(
       "cannot take. Use is_approx=True (the authors' default), which keeps the last "
       "step's gradient in the state."
     )
-  if mars_type not in MARS_TYPES:
-    raise ValueError(
-      f"mars: mars_type must be one of {MARS_TYPES}; got mars_type={mars_type!r} "
-      "('mars-shampoo' is not available here: optcore.contrib.muon or soap precondition "
-      "matrices)."
-    )
   b1_1d, b2_1d = betas_1d
-  for name, value in (("b1", b1), ("b2", b2), ("betas_1d[0]", b1_1d), ("betas_1d[1]", b2_1d)):
-    if isinstance(value, (int, float)) and not 0.0 <= value < 1.0:
-      raise ValueError(f"mars: {name} must be in [0, 1), got {value!r}")
-  if isinstance(eps, (int, float)) and eps < 0:
-    raise ValueError(f"mars: eps must be >= 0, got eps={eps!r}")
 
   def init_fn(params: PyTree) -> MarsState:
+    check_real_params("mars", params)
     zeros = lambda: jax.tree.map(jnp.zeros_like, params)
     return MarsState(
       jnp.zeros((), jnp.int32), zeros(), zeros(), zeros() if amsgrad else (), zeros()
@@ -167,7 +171,15 @@ def mars(
     lasts = treedef.flatten_up_to(state.last_grad)
     out = [leaf(*args) for args in zip(*flat, vmaxes, lasts, strict=True)]
     new_updates, m, v, vmax = (treedef.unflatten(list(col)) for col in zip(*out, strict=True))
-    return new_updates, MarsState(count, m, v, vmax if amsgrad else (), updates)
+    # Each field keeps the dtype `init` gave it (the parameters'), whatever the gradients'
+    # dtype: a state whose dtypes moved would retrace jit and refuse lax.scan and a restore.
+    return new_updates, MarsState(
+      count,
+      kept_dtypes(m, state.exp_avg),
+      kept_dtypes(v, state.exp_avg_sq),
+      kept_dtypes(vmax, state.max_exp_avg_sq) if amsgrad else (),
+      kept_dtypes(updates, state.last_grad),
+    )
 
   return optax.GradientTransformation(init_fn, update_fn)  # pyright: ignore[reportArgumentType]  # its own state type, optax's protocol says OptState
 

@@ -4,6 +4,7 @@ preconditioner matrices as a pytree (`Preconditioners`), their logical axes, and
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -11,6 +12,8 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from optcore._src.axes import partition_rules as pr
+from optcore._src.axes.matrix_axes import check_rules_with_axes, matrix_layouts
+from optcore._src.ground.checks import check_real_params
 
 PyTree = Any
 
@@ -90,3 +93,25 @@ def lerp(start: jax.Array, end: jax.Array, weight: Any) -> jax.Array:
   if isinstance(weight, (int, float)):
     return low if weight < 0.5 else high
   return jnp.where(weight < 0.5, low, high)
+
+
+def matrix_layouts_of(
+  optimizer: str, param_logical_axes: Any, matrix_rules: Any
+) -> Callable[[Any], list]:
+  """``params -> [(batch, rows, cols) or None per leaf]`` for an optimizer of whole matrices
+  (`matrix_axes.matrix_layouts`): the rules checked against the axes once, here; complex
+  parameters refused, naming the first, each time it reads them."""
+  check_rules_with_axes(optimizer, param_logical_axes, matrix_rules)
+
+  def layouts(params: Any) -> list:
+    check_real_params(optimizer, params)
+    return matrix_layouts(optimizer, params, param_logical_axes, matrix_rules)
+
+  return layouts
+
+
+def kept_dtypes(new: Any, old: Any) -> Any:
+  """``new`` with each leaf in the dtype of ``old``'s: a state keeps the dtypes ``init`` gave
+  it (the parameters'), whatever the gradients' dtype or a float32 computation's; a state whose
+  dtypes moved would retrace ``jit`` and be refused by ``lax.scan`` and a restore."""
+  return jax.tree.map(lambda x, o: x.astype(o.dtype), new, old)

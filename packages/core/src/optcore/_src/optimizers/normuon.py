@@ -25,11 +25,11 @@ import optax
 from jax.sharding import PartitionSpec
 
 from optcore._src.axes import partition_rules as pr
-from optcore._src.axes.matrix_axes import check_rules_with_axes, matrix_layouts
+from optcore._src.ground import arguments as a
 from optcore._src.ground.checks import require_params
-from optcore._src.ground.declarations import SECOND_MOMENT, FirstMoment, Replicated
+from optcore._src.ground.declarations import SECOND_MOMENT, Count, FirstMoment
 from optcore._src.ground.hyper_params import value_at
-from optcore._src.optimizers.matrix_state import lerp
+from optcore._src.optimizers.matrix_state import kept_dtypes, lerp, matrix_layouts_of
 
 PyTree = Any
 
@@ -57,7 +57,7 @@ class NorMuonState(NamedTuple):
       column dimension of size 1; the auxiliary Adam's ``exp_avg_sq`` (whole) on its leaves.
   """
 
-  count: Replicated
+  count: Count
   momentum: FirstMoment
   second_momentum: Annotated[PyTree, SECOND_MOMENT.with_axes(_second_axes)]
 
@@ -86,6 +86,11 @@ def newton_schulz5(g: jax.Array, steps: int = 5) -> jax.Array:
   return jnp.swapaxes(x, -1, -2) if tall else x
 
 
+@a.declare(
+  learning_rate=a.RATE, weight_decay=a.NONNEGATIVE, momentum=a.DECAY, beta2=a.DECAY,
+  adam_learning_rate=a.RATE, adam_b1=a.DECAY, adam_b2=a.DECAY, adam_eps=a.NONNEGATIVE,
+  adam_weight_decay=a.NONNEGATIVE,
+)  # fmt: skip
 def normuon(
   learning_rate: optax.ScalarOrSchedule = 0.02,
   *,
@@ -140,10 +145,7 @@ def normuon(
     >>> round(float(opt.target['w'][0, 0]), 3), float(opt.target['w'][0, 1])
     (-0.111, 0.0)
   """
-  check_rules_with_axes("normuon", param_logical_axes, matrix_rules)
-
-  def layouts(params: PyTree) -> list:
-    return matrix_layouts("normuon", params, param_logical_axes, matrix_rules)
+  layouts = matrix_layouts_of("normuon", param_logical_axes, matrix_rules)
 
   def init_fn(params: PyTree) -> NorMuonState:
     leaves, treedef = jax.tree.flatten(params)
@@ -194,7 +196,11 @@ def normuon(
       step = (m / (1 - adam_b1**t)) / (jnp.sqrt(s / (1 - adam_b2**t)) + adam_eps)
       out.append((-(adam_lr * adam_weight_decay) * p - adam_lr * step, m, s))
     new, m, s = (treedef.unflatten(list(col)) for col in zip(*out, strict=True))
-    return new, NorMuonState(count, m, s)
+    # Each moment keeps the dtype `init` gave it (the parameters'): Newton-Schulz's float32
+    # would otherwise move a bfloat16 second moment to float32 after the first step.
+    return new, NorMuonState(
+      count, kept_dtypes(m, state.momentum), kept_dtypes(s, state.second_momentum)
+    )
 
   return optax.GradientTransformation(init_fn, update_fn)  # pyright: ignore[reportArgumentType]  # its own state type, optax's protocol says OptState
 

@@ -42,7 +42,12 @@ from optcore._src.axes.matrix_axes import (
   split_batch,
 )
 from optcore._src.ground.checks import require_params
-from optcore._src.ground.declarations import PARAM_SHAPED, FirstMoment, Replicated, SecondMoment
+from optcore._src.ground.declarations import (
+  PARAM_SHAPED,
+  Count,
+  FirstMoment,
+  SecondMoment,
+)
 from optcore._src.ground.hyper_params import value_at
 from optcore._src.optimizers.matrix_state import Preconditioners, preconditioner_axes
 
@@ -81,7 +86,7 @@ class ShampooState(NamedTuple):
     preconditioners: per parameter, `Preconditioners` holding their inverse roots.
   """
 
-  count: Replicated
+  count: Count
   diagonal_statistics: SecondMoment
   momentum: FirstMoment
   diagonal_momentum: FirstMoment

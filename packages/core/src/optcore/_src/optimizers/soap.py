@@ -42,7 +42,12 @@ from optcore._src.axes.matrix_axes import (
 )
 from optcore._src.ground import paths
 from optcore._src.ground.checks import require_params
-from optcore._src.ground.declarations import PARAM_SHAPED, FirstMoment, Replicated, SecondMoment
+from optcore._src.ground.declarations import (
+  PARAM_SHAPED,
+  Count,
+  FirstMoment,
+  SecondMoment,
+)
 from optcore._src.ground.hyper_params import value_at
 from optcore._src.optimizers.matrix_state import Preconditioners, lerp, preconditioner_axes
 
@@ -61,7 +66,7 @@ class SoapState(NamedTuple):
     q: per parameter, `Preconditioners` holding their eigenbases (``Q``).
   """
 
-  count: Replicated
+  count: Count
   exp_avg: FirstMoment
   exp_avg_sq: SecondMoment
   gg: Annotated[PyTree, PARAM_SHAPED.with_axes(preconditioner_axes)]

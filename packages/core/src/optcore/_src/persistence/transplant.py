@@ -303,12 +303,15 @@ def transplant_state(
 
 def _counters(leaves: list[_Leaf]) -> dict[Path, _Leaf]:
   """Each count (adam's, accumulate's mini_step) by the path it sits in: a leaf of no parameter
-  beside parameters' state."""
-  return {
-    leaf.path[:-1]: leaf
-    for leaf in leaves
-    if leaf.param is None and leaf.key != ("step",) and leaf.key[1]
-  }
+  beside parameters' state; where several sit there (Dion's count and key), the one declared
+  `optcore.Count`."""
+  out: dict[Path, _Leaf] = {}
+  for leaf in leaves:
+    if leaf.param is None and leaf.key != ("step",) and leaf.key[1]:
+      held = out.get(leaf.path[:-1])
+      if held is None or not (held.declared is not None and held.declared.counts):
+        out[leaf.path[:-1]] = leaf
+  return out
 
 
 def _counted_by(leaves: list[_Leaf]) -> dict[Path, Path | None]:

@@ -8,12 +8,12 @@ from typing import Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from jax.core import Tracer
 
 from optcore._src.definitions.base import OptimizerDef
 from optcore._src.definitions.wrapper import REQUIRED, StateWrapper, floating_dtype
+from optcore._src.ground import arguments as a
 from optcore._src.ground.checks import check_float_params
 from optcore._src.ground.declarations import Nested, ParamShaped, Replicated
 from optcore._src.ground.state import OptimizerState
@@ -45,12 +45,8 @@ class Accumulate(StateWrapper):
   state_type = AccumulateState
   config_arguments: ClassVar = MappingProxyType({"every": REQUIRED, "dtype": jnp.float32})
 
+  @a.declare(every=a.COUNT)  # the gradients averaged per update
   def __init__(self, optimizer_def: OptimizerDef, every: int, dtype: Any = jnp.float32):
-    if not isinstance(every, (int, np.integer)) or isinstance(every, bool) or every < 1:
-      raise ValueError(
-        f"accumulate: every must be a positive int (the gradients averaged per update), "
-        f"got every={every!r}"
-      )
     self.dtype = floating_dtype("accumulate", "dtype", dtype)
     super().__init__(optimizer_def)
     if optimizer_def.per_example_gradients:

@@ -12,7 +12,8 @@ import jax.numpy as jnp
 import optax
 
 from optcore._src.definitions.base import OptimizerDef
-from optcore._src.definitions.wrapper import StateWrapper, one_of
+from optcore._src.definitions.wrapper import StateWrapper
+from optcore._src.ground import arguments as a
 from optcore._src.ground.checks import check_float_params
 from optcore._src.ground.declarations import Nested
 from optcore._src.ground.hyper_params import HyperParams
@@ -26,7 +27,12 @@ NORMALIZATIONS = ("mean", "sum_plus_one")
 
 #: The hyper-parameters that add decoupled weight decay inside a step: `cautious` masks the
 #: step without them and adds the decay after, unmasked.
-DECAY_NAMES = ("weight_decay", "weight_decay_rate", "weight_decay_1d")
+DECAY_NAMES = (
+  "weight_decay",
+  "weight_decay_rate",
+  "weight_decay_1d",
+  "adam_weight_decay",  # muon's and normuon's other leaves
+)
 
 
 class CautiousState(NamedTuple):
@@ -74,17 +80,36 @@ def cautious_mask(updates: PyTree, grads: PyTree, normalization: str = "mean") -
 
 def _without_decay(hyper_params: Any) -> tuple[Any, bool]:
   """``hyper_params`` with every `DECAY_NAMES` entry 0 (every group's, for a MultiOptimizer's
-  list), and whether one was there and not a literal 0."""
+  list; every definition's among its arguments, a ``chain``'s members and
+  ``schedule_free``'s base), and whether one was there and not a literal 0."""
   if isinstance(hyper_params, HyperParams):
     decay = {n: 0.0 for n in DECAY_NAMES if n in hyper_params}
     present = any(
       not (isinstance(hyper_params[n], (int, float)) and hyper_params[n] == 0) for n in decay
     )
-    return (hyper_params.replace(**decay) if present else hyper_params), present
+    nested = {}
+    for name, value in hyper_params.items():
+      if name not in decay:
+        bare, inside = _nested_without_decay(value)
+        if inside:
+          nested[name], present = bare, True
+    return (hyper_params.replace(**decay, **nested) if present else hyper_params), present
   if isinstance(hyper_params, (list, tuple)):
     pairs = [_without_decay(h) for h in hyper_params]
     return type(hyper_params)(h for h, _ in pairs), any(p for _, p in pairs)
   return hyper_params, False
+
+
+def _nested_without_decay(value: Any) -> tuple[Any, bool]:
+  """A definition among a factory's arguments (or a list of them) without its decay."""
+  if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+    pairs = [_nested_without_decay(v) for v in value]
+    return type(value)(v for v, _ in pairs), any(p for _, p in pairs)
+  rebuild = getattr(value, "with_hyper_params", None)  # a wrapped optax factory's
+  if isinstance(value, OptimizerDef) and rebuild is not None:
+    bare, present = _without_decay(value.hyper_params)
+    return (rebuild(bare) if present else value), present
+  return value, False
 
 
 class Cautious(StateWrapper):
@@ -98,9 +123,11 @@ class Cautious(StateWrapper):
   state_type = CautiousState
   config_arguments: ClassVar = MappingProxyType({"normalization": "mean"})
 
+  @a.declare(
+    normalization=a.OneOf(NORMALIZATIONS, "'mean': the authors' AdamW, 'sum_plus_one': their Lion")
+  )
   def __init__(self, optimizer_def: OptimizerDef, normalization: str = "mean"):
-    hint = "'mean': the authors' AdamW, 'sum_plus_one': their Lion"
-    self.normalization = one_of("cautious", "normalization", normalization, NORMALIZATIONS, hint)
+    self.normalization = normalization
     super().__init__(optimizer_def)
 
   twice_hint = "mask once (a second mask keeps the same components)"

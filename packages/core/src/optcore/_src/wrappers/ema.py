@@ -12,8 +12,9 @@ import optax
 
 from optcore._src.definitions.base import OptimizerDef
 from optcore._src.definitions.wrapper import StateWrapper, floating_dtype
+from optcore._src.ground import arguments as a
 from optcore._src.ground.checks import check_float_params
-from optcore._src.ground.declarations import Nested, ParamShaped, Replicated
+from optcore._src.ground.declarations import Count, Nested, ParamShaped
 from optcore._src.ground.state import OptimizerState
 from optcore._src.persistence import placement
 
@@ -31,7 +32,7 @@ class EmaState(NamedTuple):
 
   inner: Nested
   ema: ParamShaped
-  count: Replicated
+  count: Count
 
 
 class Ema(StateWrapper):
@@ -42,13 +43,10 @@ class Ema(StateWrapper):
   config_arguments: ClassVar = MappingProxyType({"decay": 0.999, "debias": False, "dtype": None})
   repr_shows = ("decay",)
 
+  @a.declare(decay=a.DECAY, debias=a.Flag())
   def __init__(
     self, optimizer_def: OptimizerDef, decay: float = 0.999, debias: bool = False, dtype: Any = None
   ):
-    if not isinstance(decay, (int, float)) or isinstance(decay, bool) or not 0 <= decay < 1:
-      raise ValueError(f"ema: decay must be a float in [0, 1), got decay={decay!r}")
-    if not isinstance(debias, bool):
-      raise TypeError(f"ema: debias must be True or False, got debias={debias!r}")
     self.dtype = None if dtype is None else floating_dtype("ema", "dtype", dtype)
     super().__init__(optimizer_def)
     self.decay = float(decay)

@@ -18,6 +18,7 @@ from optcore._src.definitions.wrapper import (
   init_in_one_program,
   map_optimizer_leaves_with_path,
 )
+from optcore._src.ground import arguments as a
 from optcore._src.ground import declarations, paths
 from optcore._src.ground.checks import check_regex
 from optcore._src.ground.declarations import Nested, Role, UndeclaredStateError
@@ -71,6 +72,7 @@ class LowBitStateDef(StateWrapper):
   )
   repr_shows = ("bits",)
 
+  @a.declare(min_size=a.Number(0, integer=True))
   def __init__(self, optimizer_def: OptimizerDef, **settings: Any):
     """``settings``: `low_bit_state`'s keywords; the others keep ``config_arguments``'
     defaults."""
@@ -87,8 +89,6 @@ class LowBitStateDef(StateWrapper):
           f"got states={states!r}"
         )
       check_regex(states, f"low_bit_state: states={states!r}")
-    if not isinstance(min_size, (int, np.integer)) or isinstance(min_size, bool) or min_size < 0:
-      raise ValueError(f"low_bit_state: min_size must be an int >= 0, got min_size={min_size!r}")
     super().__init__(optimizer_def)
     self.bits, self.block_size, self.states = bits, block_size, states
     self.min_size, self.rounding = int(min_size), rounding

@@ -9,10 +9,10 @@ from typing import Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from optcore._src.definitions.base import OptimizerDef
 from optcore._src.definitions.wrapper import StateWrapper
+from optcore._src.ground import arguments as a
 from optcore._src.ground.declarations import Nested, Replicated
 from optcore._src.ground.state import OptimizerState
 
@@ -55,6 +55,10 @@ def _like(new: Any, old: Any) -> Any:
 WATCHED = ("grad_norm", "loss")
 
 
+#: The smallest standard deviation `SkipBadSteps.is_bad` reads, as a share of the window's mean.
+MIN_SPREAD = 0.01
+
+
 class SkipBadSteps(StateWrapper):
   """``optimizer_def`` that skips bad steps: see `skip_bad_steps`."""
 
@@ -69,6 +73,12 @@ class SkipBadSteps(StateWrapper):
   )
   repr_shows = ("window", "sigmas", "warmup")
 
+  @a.declare(
+    window=a.COUNT,
+    sigmas=a.POSITIVE,
+    warmup=a.COUNT,
+    watch=a.OneOf(WATCHED, "what the window judges"),
+  )
   def __init__(
     self,
     optimizer_def: OptimizerDef,
@@ -77,20 +87,10 @@ class SkipBadSteps(StateWrapper):
     warmup: int = 10,
     watch: str = "grad_norm",
   ):
-    for name, value in (("window", window), ("warmup", warmup)):
-      if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"skip_bad_steps: {name} must be a positive int, got {name}={value!r}")
-    if not isinstance(sigmas, (int, float)) or isinstance(sigmas, bool) or not sigmas > 0:
-      raise ValueError(f"skip_bad_steps: sigmas must be a positive number, got sigmas={sigmas!r}")
     if warmup > window:
       raise ValueError(
         f"skip_bad_steps: warmup={warmup} is longer than window={window}: the rule would read "
         "a window it cannot hold. Pass warmup <= window."
-      )
-    if watch not in WATCHED:
-      raise ValueError(
-        f"skip_bad_steps: watch must be one of {WATCHED} (what the window judges), got "
-        f"watch={watch!r}"
       )
     super().__init__(optimizer_def)
     self.window, self.sigmas, self.warmup = int(window), float(sigmas), int(warmup)
@@ -108,12 +108,15 @@ class SkipBadSteps(StateWrapper):
   def is_bad(self, state: SkipState, norm: jax.Array) -> jax.Array:
     """Whether a step of gradient norm ``norm`` is skipped: not finite, or, once ``warmup``
     steps are in the window, above its mean plus ``sigmas`` (population) standard
-    deviations."""
+    deviations, the deviation read as at least 1% of the mean (`MIN_SPREAD`): a window of
+    equal norms (constant or clipped gradients) would otherwise call every larger norm a
+    spike, and since a skipped norm never enters the window, skip every later step."""
     held = jnp.minimum(state.accepted, self.window)
     valid = jnp.arange(self.window) < held
     count = jnp.maximum(held, 1).astype(jnp.float32)
     mean = jnp.sum(jnp.where(valid, state.norms, 0.0)) / count
     std = jnp.sqrt(jnp.sum(jnp.where(valid, (state.norms - mean) ** 2, 0.0)) / count)
+    std = jnp.maximum(std, MIN_SPREAD * jnp.abs(mean))
     spike = (held >= self.warmup) & (norm > mean + self.sigmas * std)
     return ~jnp.isfinite(norm) | spike
 
@@ -180,18 +183,19 @@ def skip_bad_steps(
   Each step computes the global L2 norm of the gradients (in float32, over every leaf, global
   under any sharding). The step is skipped when the norm is not finite, or when at least
   ``warmup`` accepted steps are in the window and the norm exceeds their mean plus ``sigmas``
-  standard deviations (the population deviation of the last ``window`` accepted norms; the
-  rule OLMo and levanter use). With ``watch="loss"`` the window holds losses instead, passed as
-  optax's ``value`` extra argument on each step (``opt.apply_gradient(grads,
-  extra_args={'value': loss})``; ``update(..., value=loss)`` in the NNX face and
-  ``as_optax()``): a non-finite or spiking loss is skipped, and so are non-finite gradients
-  still; the wrapper takes ``value`` for itself (a wrapped ``polyak_sgd`` does not see it).
-  A skipped step changes nothing but the skip count: the
-  parameters, the wrapped state and the step count stay as they were, so schedules read the
-  same step again, and the window does not take the spike. The wrapped step runs under
-  ``lax.cond``: a bad step does no update work, and a good one pays no select over the
-  parameters and the state (a select cost x1.3 to x2.7 of an adamw step on a CPU; the cond
-  costs one branch).
+  standard deviations (the population deviation of the last ``window`` accepted norms; the rule
+  OLMo and levanter use), the deviation read as at least 1% of the mean: a window of equal norms
+  (constant or clipped gradients) would otherwise call every larger norm a spike and, as a skipped
+  norm never enters the window, skip every later step. With ``watch="loss"`` the window holds
+  losses instead, passed as optax's ``value`` extra argument on each step
+  (``opt.apply_gradient(grads, extra_args={'value': loss})``; ``update(..., value=loss)`` in the
+  NNX face and ``as_optax()``): a non-finite or spiking loss is skipped, and so are non-finite
+  gradients still; the wrapper takes ``value`` for itself (a wrapped ``polyak_sgd`` does not see
+  it). A skipped step changes nothing but the skip count: the parameters, the wrapped state and
+  the step count stay as they were, so schedules read the same step again, and the window does not
+  take the spike. The wrapped step runs under ``lax.cond``: a bad step does no update work, and a
+  good one pays no select over the parameters and the state (a select cost x1.3 to x2.7 of an
+  adamw step on a CPU; the cond costs one branch).
 
   Under `accumulate`, ``accumulate(skip_bad_steps(...))`` judges each applied mean gradient,
   and ``skip_bad_steps(accumulate(...))`` each mini-batch gradient (a skipped one is not added

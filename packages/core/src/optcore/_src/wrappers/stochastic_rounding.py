@@ -9,10 +9,10 @@ from typing import Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from optcore._src.definitions.base import OptimizerDef
 from optcore._src.definitions.wrapper import StateWrapper, init_in_one_program
+from optcore._src.ground import arguments as a
 from optcore._src.ground import paths
 from optcore._src.ground.checks import check_float_params
 from optcore._src.ground.declarations import Nested, Replicated
@@ -73,9 +73,8 @@ class StochasticRounding(StateWrapper):
   state_type = StochasticRoundingState
   config_arguments: ClassVar = MappingProxyType({"seed": 0})
 
+  @a.declare(seed=a.Number(integer=True))
   def __init__(self, optimizer_def: OptimizerDef, seed: int = 0):
-    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool):
-      raise TypeError(f"stochastic_rounding: seed must be an int, got seed={seed!r}")
     super().__init__(optimizer_def)
     self.seed = int(seed)
 

@@ -12,7 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from optcore._src.definitions.base import OptimizerDef
-from optcore._src.definitions.wrapper import StateWrapper, one_of
+from optcore._src.definitions.wrapper import StateWrapper
+from optcore._src.ground import arguments as a
 from optcore._src.ground.checks import check_float_params
 from optcore._src.ground.declarations import Nested, Replicated
 from optcore._src.ground.state import OptimizerState
@@ -58,14 +59,6 @@ class ZClipState(NamedTuple):
     }
 
 
-def _number(name: str, value: Any, low: float, strict: bool = False) -> float:
-  if not isinstance(value, (int, float, np.floating)) or isinstance(value, bool):
-    raise TypeError(f"zclip: {name} must be a number, got {name}={value!r}")
-  if value < low or (strict and value == low):
-    raise ValueError(f"zclip: {name} must be {'>' if strict else '>='} {low}, got {value!r}")
-  return float(value)
-
-
 class ZClip(StateWrapper):
   """``optimizer_def`` on gradients clipped by ZClip: see `zclip`."""
 
@@ -89,29 +82,29 @@ class ZClip(StateWrapper):
     }
   )
 
+  @a.declare(
+    alpha=a.DECAY,
+    z_thresh=a.POSITIVE,
+    max_grad_norm=a.Number(0, low_open=True, none=True),
+    eps=a.NONNEGATIVE,
+    warmup_steps=a.COUNT,
+    mode=a.OneOf(MODES),
+    clip_option=a.OneOf(CLIP_OPTIONS),
+    clip_factor=a.POSITIVE,
+    skip_update_on_spike=a.Flag(),
+  )
   def __init__(self, optimizer_def: OptimizerDef, **settings: Any):
     """``settings``: `zclip`'s keywords; the others keep ``config_arguments``' defaults."""
     s = self.settings(settings)
-    self.alpha = _number("alpha", s["alpha"], 0.0)
-    if self.alpha >= 1:
-      raise ValueError(f"zclip: alpha must be in [0, 1), got alpha={s['alpha']!r}")
-    self.z_thresh = _number("z_thresh", s["z_thresh"], 0.0, strict=True)
+    self.alpha = float(s["alpha"])
+    self.z_thresh = float(s["z_thresh"])
     cap = s["max_grad_norm"]
-    self.max_grad_norm = None if cap is None else _number("max_grad_norm", cap, 0.0, True)
-    self.eps = _number("eps", s["eps"], 0.0)
-    warmup = s["warmup_steps"]
-    if not isinstance(warmup, (int, np.integer)) or isinstance(warmup, bool):
-      raise TypeError(f"zclip: warmup_steps must be an int, got {warmup!r}")
-    if warmup < 1:
-      raise ValueError(f"zclip: warmup_steps must be 1 or more, got {warmup!r}")
-    self.warmup_steps = int(warmup)
-    self.mode = one_of("zclip", "mode", s["mode"], MODES)
-    self.clip_option = one_of("zclip", "clip_option", s["clip_option"], CLIP_OPTIONS)
-    self.clip_factor = _number("clip_factor", s["clip_factor"], 0.0, strict=True)
-    if not isinstance(s["skip_update_on_spike"], bool):
-      raise TypeError(
-        f"zclip: skip_update_on_spike must be True or False, got {s['skip_update_on_spike']!r}"
-      )
+    self.max_grad_norm = None if cap is None else float(cap)
+    self.eps = float(s["eps"])
+    self.warmup_steps = int(s["warmup_steps"])
+    self.mode = s["mode"]
+    self.clip_option = s["clip_option"]
+    self.clip_factor = float(s["clip_factor"])
     self.skip_update_on_spike = s["skip_update_on_spike"]
     super().__init__(optimizer_def)
 
