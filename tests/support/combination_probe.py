@@ -8,7 +8,7 @@ Prints one line per failure, ``KIND\tcase\toperation\terror``: ``CLEAR`` for an 
 or a ValueError/TypeError raised by optcore with a sentence (expected where the operation does
 not apply, e.g. ``statistics`` without ``with_statistics``), ``BARE`` for anything else (a
 JAX or Python error, a wrong number). Not a test: a sweep to run before and after a change to
-the wrapper layer (``single``: 120 cases, about 10 minutes on 2 cores; ``pairs``: 360, 50):
+the wrapper layer (``single``: 160 cases, about 13 minutes on 2 cores; ``pairs``: 360, 50):
 
     XLA_FLAGS=--xla_force_host_platform_device_count=8 \
       python tests/support/combination_probe.py single|pairs|all [LO:HI] [--explicit] | grep ^BARE
@@ -54,10 +54,19 @@ BASES = {
   "soap": lambda: optcore.contrib.soap(1e-2),
   "mars": lambda: optcore.contrib.mars(1e-2),
   "dion": lambda: optcore.contrib.dion(1e-2),
+  "normuon": lambda: optcore.contrib.normuon(1e-2, weight_decay=0.1, adam_weight_decay=0.1),
+  "chain": lambda: optcore.chain([optax.clip_by_global_norm(1.0), optcore.adamw(1e-2)]),
+  "wsd": lambda: optcore.adamw(
+    optcore.schedules.warmup_stable_decay(1e-2, total_steps=8, warmup_steps=2)
+  ),
   "sf_adamw": lambda: optcore.contrib.schedule_free_adamw(1e-2),
   "multi": lambda: optcore.MultiOptimizer(
     (optcore.ModelParamTraversal(lambda path, _: path.endswith("w")), optcore.adam(1e-2)),
     (optcore.ModelParamTraversal(lambda path, _: not path.endswith("w")), optcore.sgd(1e-2)),
+  ),
+  "multi_chains": lambda: optcore.MultiOptimizer(
+    ("w$", optcore.chain([optax.clip_by_global_norm(1.0), optcore.adamw(1e-2)])),
+    ("b$", optcore.chain([optcore.sgd(1e-2)])),
   ),
 }
 WRAPS = {
