@@ -271,3 +271,23 @@ def test_a_window_of_equal_norms_does_not_skip_every_later_step():
   assert int(optcore.skipped_steps(opt)) == 0
   spiked = opt.apply_gradient(jax.tree.map(lambda g: 10.0 * g, GRADS))
   assert int(optcore.skipped_steps(spiked)) == 1  # a spike still is one
+
+
+# 8. A wrapper inside a chain: refused when the chain is made, with the fix; in a config, at
+# the member's path.
+
+
+def test_a_wrapper_in_a_chain_is_refused_with_the_fix():
+  averaged = optcore.ema(optcore.adam(1e-3), 0.9)
+  with pytest.raises(TypeError, match=r"transformations\[1\] is ema\(adam\).*optcore\.ema\("):
+    optcore.chain([optax.clip_by_global_norm(1.0), averaged])
+  # the fix it gives: its optax face chains
+  chained = optcore.chain([optax.clip_by_global_norm(1.0), averaged.as_optax()])
+  assert bool(jnp.all(jnp.isfinite(step(chained).target["w"])))
+  cfg = {
+    "name": "chain",
+    "transformations": [{"name": "ema", "decay": 0.9, "optimizer": {"name": "adam"}}],
+  }
+  cfg["transformations"][0]["optimizer"]["learning_rate"] = 1e-3
+  with pytest.raises(config.ConfigError, match=r"^at 'transformations\[0\]': transformations"):
+    config.from_config(cfg)

@@ -111,3 +111,26 @@ def test_the_read_out_functions_take_the_equinox_optimizer():
   np.testing.assert_allclose(average.weight, 0.5 * model.weight + 0.5 * new_model.weight)
   assert float(optcore.current_hyper_params(opt)["learning_rate"]) == float(schedule(1))
   assert float(opt.current_hyper_params()["learning_rate"]) == float(schedule(1))
+
+
+class _Named(eqx.Module):
+  v: jax.Array
+  q: jax.Array
+  w: jax.Array
+
+
+def test_an_attribute_named_like_a_moment_changes_nothing_in_low_bit_state():
+  """Which state leaves are moments is declared on the state's type, not read from a path: a
+  module attribute named ``v`` or ``q`` is stored as ``w`` is (every one quantized, the same
+  numbers for the same values)."""
+  leaf = jnp.linspace(-1.0, 1.0, 64 * 128).reshape(64, 128)
+  model = _Named(leaf, leaf, leaf)
+  opt_def = optcore.low_bit_state(optcore.adam(1e-2), bits=8, min_size=0)
+  opt = optcore_equinox.Optimizer(opt_def, model)
+  model, opt = opt.update(jax.tree.map(lambda x: 0.1 * x, model), model)
+  mu, nu = opt.state.param_states.inner[0].mu, opt.state.param_states.inner[0].nu
+  for moment in (mu, nu):
+    assert all(isinstance(getattr(moment, n), optcore.QuantizedArray) for n in ("v", "q", "w"))
+    assert_trees_equal(moment.v, moment.w)
+    assert_trees_equal(moment.q, moment.w)
+  assert_trees_equal(model.v, model.w)

@@ -332,3 +332,22 @@ def test_t5x_face_warns_on_overrides_t5x_ignored_and_refuses_wrong_values():
     optimizer.apply_gradient(grads, learning_rate=None)
   with pytest.raises(TypeError, match=r"learning_rate='0\.1' is a str"):
     optimizers.adamw(1e-3).create(params).apply_gradient(grads, learning_rate="0.1")
+
+
+def test_the_rate_t5xs_trainer_passes_reaches_chains_in_every_group():
+  """T5X's trainer passes ``learning_rate=`` (a scalar array) every step: a MultiOptimizer of
+  chains takes it in each group (it raised that no group had it), eager and under jit."""
+  params = {"w": jnp.ones((4, 3)), "b": jnp.ones(3)}
+  grads = jax.tree.map(lambda x: 0.1 * x, params)
+  opt_def = optimizers.MultiOptimizer(
+    [
+      ("w", optimizers.chain([optax.clip_by_global_norm(1.0), optimizers.adamw(1e-2)])),
+      ("b", optimizers.chain([optimizers.sgd(0.1)])),
+    ]
+  )
+  optimizer = opt_def.create(params)
+  step = lambda opt, lr: opt.apply_gradient(grads, learning_rate=lr)
+  for run in (step, jax.jit(step)):
+    assert_trees_equal(run(optimizer, jnp.asarray(0.0)).target, params)
+    moved = run(optimizer, jnp.asarray(1e-2)).target
+    assert all(bool(jnp.all(moved[k] != params[k])) for k in params)

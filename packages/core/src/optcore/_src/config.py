@@ -438,7 +438,13 @@ def _chain(args: Mapping[str, Any], path: str) -> OptaxWrapper:
       built.append(_transform(item, where))
     else:
       built.append(from_config(item, _path=where))
-  return chain(built)
+  try:
+    return chain(built)
+  except (TypeError, ValueError) as e:  # chain's own check names the member by its index
+    message = str(e).removeprefix("chain(): ")
+    index = message.split("]", 1)[0].removeprefix("transformations[")
+    field = f"transformations[{index}]" if index.isdigit() else "transformations"
+    raise ConfigError(f"at {_join(path, field)!r}: {message}") from None
 
 
 class _Transform:

@@ -530,6 +530,16 @@ def _check_chain(arguments: Mapping[str, Any]) -> None:
       "chain(): transformations is empty; give at least one, or use optcore.sgd(...) alone."
     )
   for i, member in enumerate(members):
+    if isinstance(member, OptimizerDef) and not isinstance(member, OptaxWrapper):
+      wrapper = member.display_name().split("(")[0] if hasattr(member, "optimizer_def") else ""
+      around = f"wrap the chain instead, optcore.{wrapper}(optcore.chain([...])), or " * bool(
+        wrapper
+      )
+      raise TypeError(
+        f"chain(): transformations[{i}] is {member.display_name()}, a definition with no optax "
+        "factory to chain (a wrapper, a MultiOptimizer, a flax.optim algorithm). To fix: "
+        f"{around}chain its optax face, transformations[{i}].as_optax()."
+      )
     if isinstance(member, OptimizerDef) or (hasattr(member, "init") and hasattr(member, "update")):
       continue
     fix = (

@@ -375,7 +375,10 @@ def from_annotations(fn: Any) -> Mapping[str, Spec]:
   A declaration `declare` kept wins, argument by argument."""
   out: dict[str, Spec] = {}
   try:
-    parameters = inspect.signature(fn).parameters
+    try:  # a module with `from __future__ import annotations` keeps them as strings
+      parameters = inspect.signature(fn, eval_str=True).parameters
+    except NameError:  # an annotation naming what its module does not bind at run time
+      parameters = inspect.signature(fn).parameters
   except (TypeError, ValueError):
     return declared(fn)
   for name, p in parameters.items():
@@ -387,7 +390,8 @@ def from_annotations(fn: Any) -> Mapping[str, Spec]:
     # jax.typing.ArrayLike (optax's newer annotations) admits bools too: a number default says
     if not (takes_numbers(p) or (default_number and p.annotation is inspect.Parameter.empty)):
       continue
-    if any(a is bool for a in annotation_args(p)) and not default_number:
+    admitted = annotation_args(p)
+    if any(a is bool for a in admitted) and not any(a in (int, float) for a in admitted):
       continue
     none = p.default is None or type(None) in annotation_args(p)
     schedule = _takes_callables(p) or name.endswith("learning_rate")
