@@ -94,7 +94,7 @@ def test_a_traced_value_passes_where_only_a_range_would_read_it():
   traced = jax.jit(build)(jnp.float32(0.9))
   # a constant b1 is folded into the program, a traced one is not: measured 1 ulp apart
   assert_trees_within_ulps(traced, build(0.9), ulps=2)
-  with pytest.raises(optcore.ArgumentError, match="power_iters .*traced"):
+  with pytest.raises(optcore.ArgumentError, match=r"power_iters .*traced"):
     jax.jit(lambda n: optcore.contrib.dion(1e-2, power_iters=n))(2)
 
 

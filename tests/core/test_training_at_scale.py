@@ -157,7 +157,10 @@ def test_accumulate_partition_rules_cover_its_state():
   "build,match",
   [
     (lambda: optcore.accumulate(optcore.sgd(0.1), every=0), "every must be an integer >= 1; got 0"),
-    (lambda: optcore.accumulate(optcore.sgd(0.1), every=2.0), "every must be an integer >= 1; got 2.0"),
+    (
+      lambda: optcore.accumulate(optcore.sgd(0.1), every=2.0),
+      "every must be an integer >= 1; got 2.0",
+    ),
     (lambda: optcore.accumulate(optax.sgd(0.1), every=2), "OptaxWrapper"),
     (
       lambda: optcore.accumulate(optcore.accumulate(optcore.sgd(0.1), every=2), every=2),
