@@ -291,3 +291,12 @@ def test_a_wrapper_in_a_chain_is_refused_with_the_fix():
   cfg["transformations"][0]["optimizer"]["learning_rate"] = 1e-3
   with pytest.raises(config.ConfigError, match=r"^at 'transformations\[0\]': transformations"):
     config.from_config(cfg)
+
+
+def test_a_number_over_a_scheduled_rate_says_to_override_with_a_schedule():
+  scheduled = optcore.adamw(
+    optcore.schedules.warmup_stable_decay(1e-2, total_steps=8, warmup_steps=2)
+  )
+  with pytest.raises(ValueError, match=r"built with a schedule for learning_rate.*lambda count"):
+    step(scheduled, learning_rate=0.0)
+  assert _moved(scheduled, learning_rate=lambda count: 0.0) == {"w": 0.0, "b": 0.0}

@@ -269,7 +269,10 @@ def _check_layout_and_init_use(
   closed, out_shape = guarded(
     name, changed, jax.make_jaxpr(init_with, return_shape=True), traced_avals, params_avals
   )
-  _check_state_layout(name, changed, out_shape, opt_state)
+  schedules = sorted(
+    k for k in changed if callable(wrapper.hyper_params[k]) and not callable(changed[k])
+  )
+  _check_state_layout(name, changed, out_shape, opt_state, schedules)
   in_init = _inputs_used(closed.jaxpr, len(jax.tree.leaves(traced_avals)))
   names = [k for k, _ in sorted(traced.items())]
   init_only = [n for n, used in zip(names, in_init, strict=True) if used]
@@ -307,7 +310,11 @@ def _inputs_used(jaxpr: Any, n: int) -> list[bool]:
 
 
 def _check_state_layout(
-  name: str, changed: Mapping[str, Any], new_shapes: PyTree, opt_state: PyTree
+  name: str,
+  changed: Mapping[str, Any],
+  new_shapes: PyTree,
+  opt_state: PyTree,
+  schedules: list[str] | None = None,
 ) -> None:
   expected = jax.tree_util.tree_flatten_with_path(opt_state)[0]
   found = jax.tree_util.tree_flatten_with_path(new_shapes)[0]
@@ -329,11 +336,21 @@ def _check_state_layout(
       f"the state would change from {jax.tree.structure(opt_state)} "
       f"to {jax.tree.structure(new_shapes)}"
     )
+  if schedules:  # a schedule's count is state: a number in its place drops it
+    fix = (
+      f"{name} was built with a schedule for {schedules[0]}, and optax keeps the schedule's "
+      "step count in the state: override it with a schedule too, "
+      f"{schedules[0]}=lambda count: 1e-4 (any function of the count)."
+    )
+  else:
+    fix = (
+      "Overrides last one step and cannot add or reshape state; create the optimizer with "
+      "that setting instead (for example optcore.sgd(lr, momentum=0.9) rather than overriding "
+      "momentum)."
+    )
   raise ValueError(
     f"{name}: overriding {sorted(changed)} would change the optimizer state's layout "
-    f"({detail}). Overrides last one step and cannot add or reshape state; create the "
-    "optimizer with that setting instead (for example optcore.sgd(lr, momentum=0.9) rather "
-    "than overriding momentum)."
+    f"({detail}). {fix}"
   )
 
 
