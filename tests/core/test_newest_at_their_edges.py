@@ -300,3 +300,25 @@ def test_a_number_over_a_scheduled_rate_says_to_override_with_a_schedule():
   with pytest.raises(ValueError, match=r"built with a schedule for learning_rate.*lambda count"):
     step(scheduled, learning_rate=0.0)
   assert _moved(scheduled, learning_rate=lambda count: 0.0) == {"w": 0.0, "b": 0.0}
+
+
+@pytest.mark.filterwarnings("ignore:Specifying a key will be required")  # optax's own warning
+def test_every_weight_decay_is_declared_where_its_optimizer_is_defined():
+  """cautious reads which hyper-parameters are weight decays from their declaration (the
+  factory's arguments, a legacy class's ``weight_decays``), never from a name: this checks the
+  declarations are complete for every optimizer optcore defines (the names are read here, in
+  the test, to find what must be declared)."""
+  looks_like_decay = {"weight_decay", "weight_decay_rate", "weight_decay_1d", "adam_weight_decay"}
+  definitions = [getattr(optcore, n)(1e-3) for n in optcore.OPTAX_ALIASES if n != "lbfgs"]
+  required = {"shampoo": {"block_size": 8}}  # the others need a rate only
+  definitions += [
+    getattr(optcore.contrib, n)(learning_rate=1e-3, **required.get(n, {}))
+    for n in optcore.contrib.CONTRIB_OPTIMIZERS
+    if n not in ("dpsgd", "mechanize", "sam", "schedule_free", "split_real_and_imaginary")
+  ]
+  definitions += [optcore.legacy.Adam(1e-3), optcore.legacy.LAMB(1e-3), optcore.t5x.Adafactor()]
+  for opt_def in definitions:
+    expected = looks_like_decay & set(opt_def.hyper_params)
+    assert set(opt_def.weight_decay_names()) == expected, opt_def.display_name()
+  # a user's own wrap of optax's factory reads the same declaration
+  assert optcore.wrap_optax_optimizer(optax.adamw)(0.1).weight_decay_names() == ("weight_decay",)

@@ -22,6 +22,7 @@ import optax.contrib as _contrib
 from optcore._src.axes.matrix_axes import muon_with_axes as _muon_with_axes
 from optcore._src.definitions.optax_wrapper import wrap_optax_optimizer as _wrap
 from optcore._src.definitions.optax_wrapper import wrapped_names as _wrapped_names
+from optcore._src.ground.arguments import OPTAX_WEIGHT_DECAY as _WD
 from optcore._src.optimizers.dion import DionState as DionState
 from optcore._src.optimizers.dion import dion as _dion
 from optcore._src.optimizers.mars import MarsState as MarsState
@@ -36,27 +37,40 @@ from optcore._src.optimizers.shampoo import shampoo as _shampoo
 from optcore._src.optimizers.soap import SoapState as SoapState
 from optcore._src.optimizers.soap import soap as _soap
 
-acprop = _wrap(_contrib.acprop, name="contrib.acprop")
-ademamix = _wrap(_contrib.ademamix, name="contrib.ademamix")
+#: Declared on each factory that takes it: ``weight_decay`` is a weight decay.
+_DECAY = {"weight_decay": _WD}
+
+acprop = _wrap(_contrib.acprop, name="contrib.acprop", declare=_DECAY)
+ademamix = _wrap(_contrib.ademamix, name="contrib.ademamix", declare=_DECAY)
 adopt = _wrap(_contrib.adopt, name="contrib.adopt")
-cocob = _wrap(_contrib.cocob, name="contrib.cocob")
-dadapt_adamw = _wrap(_contrib.dadapt_adamw, name="contrib.dadapt_adamw")
-dog = _wrap(_contrib.dog, name="contrib.dog")
-dowg = _wrap(_contrib.dowg, name="contrib.dowg")
+cocob = _wrap(_contrib.cocob, name="contrib.cocob", declare=_DECAY)
+dadapt_adamw = _wrap(_contrib.dadapt_adamw, name="contrib.dadapt_adamw", declare=_DECAY)
+dog = _wrap(_contrib.dog, name="contrib.dog", declare=_DECAY)
+dowg = _wrap(_contrib.dowg, name="contrib.dowg", declare=_DECAY)
 dpsgd = _wrap(_contrib.dpsgd, name="contrib.dpsgd")
-galore = _wrap(_contrib.galore, name="contrib.galore")
-madgrad = _wrap(_contrib.madgrad, name="contrib.madgrad")
-mechanize = _wrap(_contrib.mechanize, name="contrib.mechanize")
-momo = _wrap(_contrib.momo, name="contrib.momo")
-momo_adam = _wrap(_contrib.momo_adam, name="contrib.momo_adam")
-muon = _wrap(_muon_with_axes, name="contrib.muon")
-prodigy = _wrap(_contrib.prodigy, name="contrib.prodigy")
+galore = _wrap(_contrib.galore, name="contrib.galore", declare=_DECAY)
+madgrad = _wrap(_contrib.madgrad, name="contrib.madgrad", declare=_DECAY)
+mechanize = _wrap(_contrib.mechanize, name="contrib.mechanize", declare=_DECAY)
+momo = _wrap(_contrib.momo, name="contrib.momo", declare=_DECAY)
+momo_adam = _wrap(_contrib.momo_adam, name="contrib.momo_adam", declare=_DECAY)
+muon = _wrap(
+  _muon_with_axes,
+  name="contrib.muon",
+  declare={"weight_decay": _WD, "adam_weight_decay": _WD},
+)
+prodigy = _wrap(_contrib.prodigy, name="contrib.prodigy", declare=_DECAY)
 sam = _wrap(_contrib.sam, name="contrib.sam")
 schedule_free = _wrap(_contrib.schedule_free, name="contrib.schedule_free")
-schedule_free_adamw = _wrap(_contrib.schedule_free_adamw, name="contrib.schedule_free_adamw")
-schedule_free_sgd = _wrap(_contrib.schedule_free_sgd, name="contrib.schedule_free_sgd")
-simplified_ademamix = _wrap(_contrib.simplified_ademamix, name="contrib.simplified_ademamix")
-sophia = _wrap(_contrib.sophia, name="contrib.sophia")
+schedule_free_adamw = _wrap(
+  _contrib.schedule_free_adamw, name="contrib.schedule_free_adamw", declare=_DECAY
+)
+schedule_free_sgd = _wrap(
+  _contrib.schedule_free_sgd, name="contrib.schedule_free_sgd", declare=_DECAY
+)
+simplified_ademamix = _wrap(
+  _contrib.simplified_ademamix, name="contrib.simplified_ademamix", declare=_DECAY
+)
+sophia = _wrap(_contrib.sophia, name="contrib.sophia", declare=_DECAY)
 split_real_and_imaginary = _wrap(
   _contrib.split_real_and_imaginary, name="contrib.split_real_and_imaginary"
 )

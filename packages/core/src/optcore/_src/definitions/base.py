@@ -316,6 +316,22 @@ class OptimizerDef(
       param_logical_axes,
     )
 
+  #: The hyper-parameters that are weight decays (flax.optim's and T5X's algorithms declare
+  #: theirs here; an optax factory's are declared on its arguments, `arguments.declare_for`):
+  #: `optcore.cautious` masks the step without them and adds their part after, unmasked.
+  weight_decays: ClassVar[tuple[str, ...]] = ()
+
+  def weight_decay_names(self) -> tuple[str, ...]:
+    """The names of this definition's own hyper-parameters that are weight decays (not its
+    children's): the class's `weight_decays`.
+
+    Example:
+      >>> import optcore
+      >>> optcore.legacy.Adam(0.1).weight_decay_names(), optcore.adamw(0.1).weight_decay_names()
+      (('weight_decay',), ('weight_decay',))
+    """
+    return self.weight_decays
+
   def reads_param_logical_axes(self) -> bool:
     """Whether `with_param_logical_axes` would change this definition itself (not its
     children): one that derives something from the axes and has none of its own."""

@@ -11,26 +11,30 @@ import optax as _optax
 
 from optcore._src.definitions.optax_wrapper import wrap_optax_optimizer as _wrap
 from optcore._src.definitions.optax_wrapper import wrapped_names as _wrapped_names
+from optcore._src.ground.arguments import OPTAX_WEIGHT_DECAY as _WD
+
+#: Declared on each factory that takes it: ``weight_decay`` is a weight decay.
+_DECAY = {"weight_decay": _WD}
 
 adabelief = _wrap(_optax.adabelief, name="adabelief")
-adadelta = _wrap(_optax.adadelta, name="adadelta")
-adafactor = _wrap(_optax.adafactor, name="adafactor")
+adadelta = _wrap(_optax.adadelta, name="adadelta", declare=_DECAY)
+adafactor = _wrap(_optax.adafactor, name="adafactor", declare={"weight_decay_rate": _WD})
 adagrad = _wrap(_optax.adagrad, name="adagrad")
 adam = _wrap(_optax.adam, name="adam")
 adamax = _wrap(_optax.adamax, name="adamax")
-adamaxw = _wrap(_optax.adamaxw, name="adamaxw")
-adamw = _wrap(_optax.adamw, name="adamw")
-adan = _wrap(_optax.adan, name="adan")
+adamaxw = _wrap(_optax.adamaxw, name="adamaxw", declare=_DECAY)
+adamw = _wrap(_optax.adamw, name="adamw", declare=_DECAY)
+adan = _wrap(_optax.adan, name="adan", declare=_DECAY)
 amsgrad = _wrap(_optax.amsgrad, name="amsgrad")
 fromage = _wrap(_optax.fromage, name="fromage")
-lamb = _wrap(_optax.lamb, name="lamb")
-lars = _wrap(_optax.lars, name="lars")
+lamb = _wrap(_optax.lamb, name="lamb", declare=_DECAY)
+lars = _wrap(_optax.lars, name="lars", declare=_DECAY)
 lbfgs = _wrap(_optax.lbfgs, name="lbfgs")
-lion = _wrap(_optax.lion, name="lion")
+lion = _wrap(_optax.lion, name="lion", declare=_DECAY)
 nadam = _wrap(_optax.nadam, name="nadam")
-nadamw = _wrap(_optax.nadamw, name="nadamw")
+nadamw = _wrap(_optax.nadamw, name="nadamw", declare=_DECAY)
 noisy_sgd = _wrap(_optax.noisy_sgd, name="noisy_sgd")
-novograd = _wrap(_optax.novograd, name="novograd")
+novograd = _wrap(_optax.novograd, name="novograd", declare=_DECAY)
 polyak_sgd = _wrap(_optax.polyak_sgd, name="polyak_sgd")
 radam = _wrap(_optax.radam, name="radam")
 rmsprop = _wrap(_optax.rmsprop, name="rmsprop")

@@ -111,6 +111,11 @@ class OptaxWrapper(OptimizerDef):
     """This definition with other hyper-parameter values (traced ones included)."""
     return type(self)(self._factory, hyper_params, name=self._name)
 
+  def weight_decay_names(self) -> tuple[str, ...]:
+    """The factory's arguments declared weight decays (`arguments.weight_decays`); none for a
+    ready transformation."""
+    return () if self._factory is None else arguments.weight_decays(self._factory)
+
   def reads_param_logical_axes(self) -> bool:
     # muon, soap, shampoo: their matrix dimensions from the axes, unless given their own
     return self.hyper_params.get("param_logical_axes", False) is None
@@ -332,6 +337,7 @@ def wrap_optax_optimizer(
   *,
   definition_class: type[OptaxWrapper] | None = None,
   validate: Callable[[Mapping[str, Any]], None] | None = None,
+  declare: Mapping[str, arguments.Spec] | None = None,
 ) -> Callable[_Arguments, OptaxWrapper]:
   """Turns an optax optimizer factory into an `OptaxWrapper` factory.
 
@@ -350,6 +356,9 @@ def wrap_optax_optimizer(
       checked as ``optax_optimizer`` declares it (`optcore._src.ground.arguments`:
       its ``declare``, else its annotations: a number, never a string, NaN or
       infinity).
+    declare: what some of its arguments are, beyond their annotations
+      (`arguments.declare_for`): ``{'weight_decay': arguments.OPTAX_WEIGHT_DECAY}``
+      says that one is a weight decay, which `optcore.cautious` leaves unmasked.
 
   Returns:
     A factory with ``optax_optimizer``'s signature returning `OptaxWrapper` definitions.
@@ -381,7 +390,8 @@ def wrap_optax_optimizer(
     raise TypeError(f"definition_class must be a subclass of OptaxWrapper, got {cls!r}")
 
   signature = inspect.signature(optax_optimizer)
-  specs = arguments.from_annotations(optax_optimizer)  # its declaration, or optax's annotations
+  if declare:
+    arguments.declare_for(optax_optimizer, **declare)
 
   def wrapped(*args: Any, **kwargs: Any) -> OptaxWrapper:
     try:
@@ -389,6 +399,7 @@ def wrap_optax_optimizer(
     except TypeError as e:
       raise TypeError(f"{shown}(): {_argument_message(e, kwargs, signature, shown)}") from None
     bound.apply_defaults()
+    specs = arguments.from_annotations(optax_optimizer)  # its declaration, or its annotations
     bound.arguments.update(arguments.check(shown, specs, bound.arguments))
     if validate is not None:
       validate(bound.arguments)

@@ -124,6 +124,8 @@ class Number:
     arrays: an array of any shape is accepted as it is (optax's ``jax.typing.ArrayLike``).
     convert: a NumPy scalar is stored as the Python number it holds (optax's own arguments
       keep NumPy's, so the program is optax's own).
+    weight_decay: the argument is a weight decay: `optcore.cautious` masks the step without
+      it and adds the decay's part after, unmasked.
   """
 
   low: float | None = None
@@ -135,6 +137,7 @@ class Number:
   schedule: bool = False
   arrays: bool = False
   convert: bool = True
+  weight_decay: bool = False
 
   def expected(self) -> str:
     """What it takes, in words: ``'a number in [0, 1)'``, ``'an integer >= 1 or None'``."""
@@ -184,8 +187,10 @@ class Number:
       if value.shape != () and not self.arrays:
         raise refuse(f"a traced array of shape {value.shape}")
       return value
-    if self.arrays and hasattr(value, "shape") and getattr(value, "shape", ()) != ():
-      return value
+    if self.arrays and hasattr(value, "shape") and hasattr(value, "dtype"):
+      number_like = value.shape == () and jax.numpy.issubdtype(value.dtype, jax.numpy.number)
+      if not number_like:  # an array, or a PRNG key, where optax's annotation admits one
+        return value
     scalar = _scalar(value)
     if scalar is None:
       shape = getattr(value, "shape", None)
@@ -279,6 +284,13 @@ DECAY = Number(0, 1, high_open=True)  # a moment's or an average's decay: [0, 1)
 NONNEGATIVE = Number(0)
 POSITIVE = Number(0, low_open=True)
 RATE = Number(schedule=True)  # a learning rate: any real number, or a schedule
+WEIGHT_DECAY = Number(0, weight_decay=True)  # a weight decay, never masked by cautious
+#: An optax factory's weight decay: the number its annotations declare (no range; None only
+#: where they admit it, as adafactor's weight_decay_rate), said to be a weight decay.
+OPTAX_WEIGHT_DECAY = Number(none=True, arrays=True, convert=False, weight_decay=True)
+
+#: Declarations made for functions optcore does not own (optax's), by `declare_for`.
+_FOR: dict[Any, Mapping[str, Spec]] = {}
 COUNT = Number(1, integer=True)  # a positive number of steps or items
 
 
@@ -330,16 +342,48 @@ def declare(**specs: Spec) -> Callable[[F], F]:
   return decorate
 
 
+def declare_for(fn: Any, /, **specs: Spec) -> None:
+  """Declares arguments of a function you cannot decorate (optax's factories), as
+  `declarations.declare_state` does for a state type: read by `declared` and `from_annotations`
+  as a `declare` on the function would be, but calls of ``fn`` itself are not checked (a
+  definition made from it is).
+
+  Raises:
+    TypeError: a name ``fn`` does not take.
+  """
+  parameters = inspect.signature(fn).parameters
+  unknown = sorted(set(specs) - set(parameters))
+  if unknown:
+    raise TypeError(f"declare_for: {getattr(fn, '__name__', fn)} has no argument(s) {unknown}")
+  _FOR[fn] = types.MappingProxyType({**_FOR.get(fn, {}), **specs})
+  from_annotations.cache_clear()
+
+
 def declared(fn: Any) -> Mapping[str, Spec]:
-  """The declaration `declare` kept on ``fn`` (or on a function it wraps); empty if none."""
+  """The declaration `declare` kept on ``fn`` (or on a function it wraps), or `declare_for`
+  made for it; empty if none."""
   for _ in range(4):
     found = getattr(fn, ATTRIBUTE, None)
+    if found is None:
+      try:
+        found = _FOR.get(fn)
+      except TypeError:  # an unhashable callable
+        found = None
     if found is not None:
       return found
     fn = getattr(fn, "__wrapped__", None)
     if fn is None:
       break
   return types.MappingProxyType({})
+
+
+def weight_decays(fn: Any) -> tuple[str, ...]:
+  """The arguments of ``fn`` declared weight decays (`Number.weight_decay`)."""
+  return tuple(
+    name
+    for name, spec in from_annotations(fn).items()
+    if isinstance(spec, Number) and spec.weight_decay
+  )
 
 
 def annotation_args(p: inspect.Parameter) -> tuple[Any, ...]:
@@ -357,6 +401,22 @@ def takes_numbers(p: inspect.Parameter) -> bool:
   admitted = annotation_args(p)
   return any(a in (int, float) for a in admitted) and not any(
     a is str or a is typing.Any for a in admitted
+  )
+
+
+#: What a number's annotation may admit besides int and float: jax.typing.ArrayLike's members,
+#: None, and a schedule (a Callable).
+_NUMBER_LIKE = (bool, complex, np.ndarray, np.bool_, np.number, jax.Array, type(None))
+
+
+def _only_numbers(p: inspect.Parameter) -> bool:
+  """An argument whose annotation admits numbers and nothing else (arrays, None and a schedule
+  aside): not a tuple, a mapping or a class of its own (muon's dimension numbers)."""
+  return all(
+    a in (int, float)
+    or a in _NUMBER_LIKE
+    or (typing.get_origin(a) or a) in (collections.abc.Callable, typing.Callable)
+    for a in annotation_args(p)
   )
 
 
@@ -390,13 +450,20 @@ def from_annotations(fn: Any) -> Mapping[str, Spec]:
     # jax.typing.ArrayLike (optax's newer annotations) admits bools too: a number default says
     if not (takes_numbers(p) or (default_number and p.annotation is inspect.Parameter.empty)):
       continue
+    if not _only_numbers(p):  # a union with tuples, mappings or a class: not a number's
+      continue
     admitted = annotation_args(p)
     if any(a is bool for a in admitted) and not any(a in (int, float) for a in admitted):
       continue
     none = p.default is None or type(None) in annotation_args(p)
     schedule = _takes_callables(p) or name.endswith("learning_rate")
     out[name] = Number(none=none, schedule=schedule, arrays=True, convert=False)
-  out.update(declared(fn))
+  for name, spec in declared(fn).items():
+    derived = out.get(name)
+    if spec is OPTAX_WEIGHT_DECAY and isinstance(derived, Number):  # the annotations' number,
+      out[name] = dataclasses.replace(derived, weight_decay=True)  # said to be a weight decay
+    else:
+      out[name] = spec
   return types.MappingProxyType(out)
 
 
@@ -404,8 +471,10 @@ __all__ = [
   "COUNT",
   "DECAY",
   "NONNEGATIVE",
+  "OPTAX_WEIGHT_DECAY",
   "POSITIVE",
   "RATE",
+  "WEIGHT_DECAY",
   "ArgumentError",
   "Flag",
   "Number",
@@ -414,6 +483,8 @@ __all__ = [
   "Spec",
   "check",
   "declare",
+  "declare_for",
   "declared",
   "from_annotations",
+  "weight_decays",
 ]

@@ -101,6 +101,8 @@ class Adafactor(FactorRules, OptimizerDef):
   flax.optim's signature and momentum arithmetic.
   """
 
+  weight_decays = ("weight_decay_rate",)
+
   _t5x_numerics = True  # the momentum is read back as float32 before the update
   constructor_only = ("factored", "min_dim_size_to_factor", "factor_map", "logical_factor_rules")
   # The originals branch on these being None (or falsy): None switches the step off.

@@ -149,6 +149,8 @@ class Momentum(_ElementwiseDef):
     (Array([0.71, 0.71], dtype=float32), Array([1.9, 1.9], dtype=float32))
   """
 
+  weight_decays = ("weight_decay",)
+
   param_state = MomentumParamState
 
   def __init__(
@@ -179,6 +181,8 @@ class Adam(_ElementwiseDef):
     >>> round(float(opt.apply_gradient({'w': jnp.ones(1)}).target['w'][0]), 5)
     0.85
   """
+
+  weight_decays = ("weight_decay",)
 
   param_state = AdamParamState
 
@@ -212,6 +216,8 @@ class AdaBelief(_ElementwiseDef):
     ['grad_ema', 'grad_sq_ema']
   """
 
+  weight_decays = ("weight_decay",)
+
   param_state = AdamParamState
 
   def __init__(
@@ -244,6 +250,8 @@ class Adadelta(_ElementwiseDef):
     >>> sorted(opt.state_dict()['state']['param_states']['w'])
     ['acc_delta', 'sq_avg']
   """
+
+  weight_decays = ("weight_decay",)
 
   param_state = AdadeltaParamState
 
@@ -346,6 +354,8 @@ class LAMB(_FlaxOptimDef):
     (Array([0., 0.], dtype=float32), Array([0.9, 0.9], dtype=float32))
   """
 
+  weight_decays = ("weight_decay",)
+
   param_state = AdamParamState
 
   def __init__(
@@ -384,6 +394,8 @@ class LARS(_FlaxOptimDef):
     >>> opt.apply_gradient({'w': jnp.ones(1)}).state.param_states['w'].momentum
     Array([0.0001], dtype=float32)
   """
+
+  weight_decays = ("weight_decay",)
 
   param_state = MomentumParamState
 

@@ -136,7 +136,7 @@ def orthonormalize(
 # rcqr_oversample: the sketch has at least the rank's rows, or its Cholesky factor is singular
 @a.declare(
   learning_rate=a.RATE, mu=a.NONNEGATIVE, b1=a.NONNEGATIVE, b2=a.NONNEGATIVE,
-  weight_decay=a.NONNEGATIVE, epsilon=a.NONNEGATIVE, rank_fraction=a.Number(0, 1, low_open=True),
+  weight_decay=a.WEIGHT_DECAY, epsilon=a.NONNEGATIVE, rank_fraction=a.Number(0, 1, low_open=True),
   rank_multiple_of=a.COUNT, power_iters=a.COUNT, qr_method=a.OneOf(QR_METHODS),
   cqr_warmup_steps=a.Number(0, integer=True), rcqr_oversample=a.Number(1),
   scalar_algorithm=a.OneOf(SCALAR_ALGORITHMS), seed=a.Number(integer=True),

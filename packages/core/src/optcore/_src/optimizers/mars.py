@@ -57,11 +57,11 @@ class MarsState(NamedTuple):
 
 
 @a.declare(
-  learning_rate=a.RATE, b1=a.DECAY, b2=a.DECAY, eps=a.NONNEGATIVE, weight_decay=a.NONNEGATIVE,
+  learning_rate=a.RATE, b1=a.DECAY, b2=a.DECAY, eps=a.NONNEGATIVE, weight_decay=a.WEIGHT_DECAY,
   amsgrad=a.Flag(), gamma=a.Number(), is_approx=a.Flag(),
   mars_type=a.OneOf(MARS_TYPES, "'mars-shampoo' is not here: contrib.muon or soap precondition"),
   optimize_1d=a.Flag(), lr_1d=a.RATE, betas_1d=a.Numbers(a.DECAY, 2),
-  weight_decay_1d=a.NONNEGATIVE,
+  weight_decay_1d=a.WEIGHT_DECAY,
 )  # fmt: skip
 def mars(
   learning_rate: optax.ScalarOrSchedule = 3e-3,

@@ -87,9 +87,9 @@ def newton_schulz5(g: jax.Array, steps: int = 5) -> jax.Array:
 
 
 @a.declare(
-  learning_rate=a.RATE, weight_decay=a.NONNEGATIVE, momentum=a.DECAY, beta2=a.DECAY,
+  learning_rate=a.RATE, weight_decay=a.WEIGHT_DECAY, momentum=a.DECAY, beta2=a.DECAY,
   adam_learning_rate=a.RATE, adam_b1=a.DECAY, adam_b2=a.DECAY, adam_eps=a.NONNEGATIVE,
-  adam_weight_decay=a.NONNEGATIVE,
+  adam_weight_decay=a.WEIGHT_DECAY,
 )  # fmt: skip
 def normuon(
   learning_rate: optax.ScalarOrSchedule = 0.02,

@@ -41,6 +41,7 @@ from optcore._src.axes.matrix_axes import (
   on_copies,
   split_batch,
 )
+from optcore._src.ground import arguments as a
 from optcore._src.ground.checks import require_params
 from optcore._src.ground.declarations import (
   PARAM_SHAPED,
@@ -443,6 +444,7 @@ def _preconditioner_type(value: Any) -> PreconditionerType:
   raise ValueError(f"shampoo: precondtioner_type is 'all' or 'input', not {value!r}")
 
 
+@a.declare(weight_decay=a.WEIGHT_DECAY)
 def shampoo(
   learning_rate: optax.ScalarOrSchedule,
   block_size: int,

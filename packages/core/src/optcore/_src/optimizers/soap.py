@@ -40,6 +40,7 @@ from optcore._src.axes.matrix_axes import (
   on_copies,
   split_batch,
 )
+from optcore._src.ground import arguments as a
 from optcore._src.ground import paths
 from optcore._src.ground.checks import require_params
 from optcore._src.ground.declarations import (
@@ -291,6 +292,7 @@ def _split(out: tuple) -> tuple[tuple, tuple]:
   return out[:3], out[3:]
 
 
+@a.declare(weight_decay=a.WEIGHT_DECAY)
 def soap(
   learning_rate: optax.ScalarOrSchedule = 3e-3,
   b1: float = 0.95,

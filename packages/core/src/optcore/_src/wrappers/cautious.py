@@ -25,15 +25,6 @@ PyTree = Any
 #: 1e-3), the authors' AdamW; ``'sum_plus_one'`` multiplies by ``size / (kept + 1)``, their Lion.
 NORMALIZATIONS = ("mean", "sum_plus_one")
 
-#: The hyper-parameters that add decoupled weight decay inside a step: `cautious` masks the
-#: step without them and adds the decay after, unmasked.
-DECAY_NAMES = (
-  "weight_decay",
-  "weight_decay_rate",
-  "weight_decay_1d",
-  "adam_weight_decay",  # muon's and normuon's other leaves
-)
-
 
 class CautiousState(NamedTuple):
   """The state of `cautious`.
@@ -78,26 +69,30 @@ def cautious_mask(updates: PyTree, grads: PyTree, normalization: str = "mean") -
   return jax.tree.map(one, updates, grads)
 
 
-def _without_decay(hyper_params: Any) -> tuple[Any, bool]:
-  """``hyper_params`` with every `DECAY_NAMES` entry 0 (every group's, for a MultiOptimizer's
-  list; every definition's among its arguments, a ``chain``'s members and
-  ``schedule_free``'s base), and whether one was there and not a literal 0."""
-  if isinstance(hyper_params, HyperParams):
-    decay = {n: 0.0 for n in DECAY_NAMES if n in hyper_params}
-    present = any(
-      not (isinstance(hyper_params[n], (int, float)) and hyper_params[n] == 0) for n in decay
-    )
-    nested = {}
-    for name, value in hyper_params.items():
-      if name not in decay:
-        bare, inside = _nested_without_decay(value)
-        if inside:
-          nested[name], present = bare, True
-    return (hyper_params.replace(**decay, **nested) if present else hyper_params), present
-  if isinstance(hyper_params, (list, tuple)):
-    pairs = [_without_decay(h) for h in hyper_params]
+def _without_decay(opt_def: OptimizerDef, hyper_params: Any) -> tuple[Any, bool]:
+  """``hyper_params`` (``opt_def``'s for this step) with every declared weight decay 0
+  (`OptimizerDef.weight_decay_names`): each group's of a MultiOptimizer, the wrapped
+  definition's of a wrapper, and each definition's among a factory's arguments (a ``chain``'s
+  members, ``schedule_free``'s base); and whether one was there and not a literal 0."""
+  if isinstance(hyper_params, (list, tuple)):  # one per group
+    pairs = [_without_decay(d, h) for d, h in zip(opt_def.children(), hyper_params, strict=True)]
     return type(hyper_params)(h for h, _ in pairs), any(p for _, p in pairs)
-  return hyper_params, False
+  wrapped = getattr(opt_def, "optimizer_def", None)  # a wrapper steps with its child's
+  if isinstance(wrapped, OptimizerDef):
+    return _without_decay(wrapped, hyper_params)
+  if not isinstance(hyper_params, HyperParams):
+    return hyper_params, False
+  decay = {n: 0.0 for n in opt_def.weight_decay_names() if n in hyper_params}
+  present = any(
+    not (isinstance(hyper_params[n], (int, float)) and hyper_params[n] == 0) for n in decay
+  )
+  nested = {}
+  for name, value in hyper_params.items():
+    if name not in decay:
+      bare, inside = _nested_without_decay(value)
+      if inside:
+        nested[name], present = bare, True
+  return (hyper_params.replace(**decay, **nested) if present else hyper_params), present
 
 
 def _nested_without_decay(value: Any) -> tuple[Any, bool]:
@@ -107,7 +102,7 @@ def _nested_without_decay(value: Any) -> tuple[Any, bool]:
     return type(value)(v for v, _ in pairs), any(p for _, p in pairs)
   rebuild = getattr(value, "with_hyper_params", None)  # a wrapped optax factory's
   if isinstance(value, OptimizerDef) and rebuild is not None:
-    bare, present = _without_decay(value.hyper_params)
+    bare, present = _without_decay(value, value.hyper_params)
     return (rebuild(bare) if present else value), present
   return value, False
 
@@ -138,17 +133,18 @@ class Cautious(StateWrapper):
     return OptimizerState(inner.step, CautiousState(inner.param_states))
 
   def compute_updates(self, hyper_params, params, state, grads, **extra_args):
-    """The wrapped step's updates, masked. Where the wrapped step adds decoupled weight
-    decay (`DECAY_NAMES`), the step without it is masked and the decay added after, as the
-    authors' AdamW and Lion decay every component: ``masked(step without decay) + (step -
-    step without decay)``. Both are one program's: at 1M parameters an adamw step reads
-    and writes as much with decay as without (68 MB; 40 unmasked), the second step adding
-    arithmetic only."""
+    """The wrapped step's updates, masked. Where the wrapped step adds weight decay (a
+    hyper-parameter declared one where its definition is defined:
+    `OptimizerDef.weight_decay_names`), the step without it is masked and the decay added after,
+    as the authors' AdamW and Lion decay every component: ``masked(step without decay) + (step -
+    step without decay)``. Both are one program's: at 1M parameters an adamw step reads and
+    writes as much with decay as without (68 MB; 40 unmasked), the second step adding arithmetic
+    only."""
     inner = self._inner_state(state)
     updates, new_inner = self.optimizer_def.compute_updates(
       hyper_params, params, inner, grads, **extra_args
     )
-    bare, decays = _without_decay(hyper_params)
+    bare, decays = _without_decay(self.optimizer_def, hyper_params)
     if decays:
       direction, _ = self.optimizer_def.compute_updates(bare, params, inner, grads, **extra_args)
       masked = cautious_mask(direction, grads, self.normalization)
@@ -167,13 +163,14 @@ def cautious(optimizer_def: OptimizerDef, normalization: str = "mean") -> Cautio
   keeping per parameter only the components whose direction agrees in sign with the
   gradient, rescaled so the step keeps its size.
 
-  For each leaf, with ``u`` the wrapped step's update (without its decoupled weight decay)
-  and ``g`` the gradient: ``mask = (u * g < 0)`` (strictly: optax's updates point down the
-  gradient), then ``u * mask / max(mean(mask), 1e-3)`` (``'mean'``, the authors' C-AdamW)
-  or ``u * mask * size / (sum(mask) + 1)`` (``'sum_plus_one'``, their C-Lion). Weight
-  decay is never masked: a wrapped step that adds decoupled decay itself (optax's
-  ``adamw``, ``lion``, T5X's Adafactor, any hyper-parameter in `DECAY_NAMES`) is masked
-  without it and the decay added after, as the authors' code decays every parameter.
+  For each leaf, with ``u`` the wrapped step's update (without its decoupled weight decay) and
+  ``g`` the gradient: ``mask = (u * g < 0)`` (strictly: optax's updates point down the gradient),
+  then ``u * mask / max(mean(mask), 1e-3)`` (``'mean'``, the authors' C-AdamW) or ``u * mask *
+  size / (sum(mask) + 1)`` (``'sum_plus_one'``, their C-Lion). Weight decay is never masked: a
+  wrapped step that adds decoupled decay itself (optax's ``adamw``, ``lion``, T5X's Adafactor:
+  every argument declared a weight decay, in a ``chain``'s members, a group or ``schedule_free``'s
+  base too) is masked without it and the decay added after, as the authors' code decays every
+  parameter.
 
   The numbers are those of github.com/kyleliang919/C-Optim: ``cautious(optcore.adamw(lr,
   b1, b2, eps, weight_decay=wd))`` is their ``c_adamw.AdamW`` up to the place of ``eps``
