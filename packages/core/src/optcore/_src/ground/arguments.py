@@ -187,8 +187,9 @@ class Number:
       if value.shape != () and not self.arrays:
         raise refuse(f"a traced array of shape {value.shape}")
       return value
-    if self.arrays and hasattr(value, "shape") and hasattr(value, "dtype"):
-      number_like = value.shape == () and jax.numpy.issubdtype(value.dtype, jax.numpy.number)
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    if self.arrays and shape is not None and dtype is not None:
+      number_like = shape == () and jax.numpy.issubdtype(dtype, jax.numpy.number)
       if not number_like:  # an array, or a PRNG key, where optax's annotation admits one
         return value
     scalar = _scalar(value)
