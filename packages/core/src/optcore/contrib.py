@@ -1,7 +1,7 @@
 """optax.contrib's optimizers as optcore definitions: ``optcore.contrib.<name>``.
 
 Also optcore's own optimizers with no optax original (`OWN_OPTIMIZERS`: ``soap``, ``shampoo``,
-``mars``, ``normuon``, ``dion``).
+``mars``, ``normuon``, ``dion``, ``adamh``).
 Optimizer wrappers (mechanize, sam, schedule_free, split_real_and_imaginary)
 take optax transformations or optcore definitions. The list is written out,
 one line each, so that IDEs and type checkers see every name, and
@@ -23,6 +23,8 @@ from optcore._src.axes.matrix_axes import muon_with_axes as _muon_with_axes
 from optcore._src.definitions.optax_wrapper import wrap_optax_optimizer as _wrap
 from optcore._src.definitions.optax_wrapper import wrapped_names as _wrapped_names
 from optcore._src.ground.arguments import OPTAX_WEIGHT_DECAY as _WD
+from optcore._src.optimizers.adamh import AdamHState as AdamHState
+from optcore._src.optimizers.adamh import adamh as _adamh
 from optcore._src.optimizers.dion import DionState as DionState
 from optcore._src.optimizers.dion import dion as _dion
 from optcore._src.optimizers.mars import MarsState as MarsState
@@ -84,10 +86,12 @@ mars = _wrap(_mars, name="contrib.mars")
 normuon = _wrap(_normuon, name="contrib.normuon")
 # Dion: low-rank orthonormalised updates with error feedback, its numbers the authors'.
 dion = _wrap(_dion, name="contrib.dion")
+# AdamH: Adam on the hyperball, each weight's norm held; its numbers levanter's.
+adamh = _wrap(_adamh, name="contrib.adamh")
 
 #: optcore's own optimizers above (no optax original); a config may also name them without
 #: ``contrib.`` (``{"name": "soap"}``).
-OWN_OPTIMIZERS: tuple[str, ...] = ("soap", "shampoo", "mars", "normuon", "dion")
+OWN_OPTIMIZERS: tuple[str, ...] = ("soap", "shampoo", "mars", "normuon", "dion", "adamh")
 
 #: The optax.contrib optimizers wrapped above: read from this module, so a line added
 #: above is a contrib optimizer everywhere (``optcore.contrib.<name>``, configs).
@@ -96,6 +100,7 @@ CONTRIB_OPTIMIZERS: tuple[str, ...] = (*_wrapped_names(globals(), _contrib), *OW
 __all__ = [
   "CONTRIB_OPTIMIZERS",
   "OWN_OPTIMIZERS",
+  "AdamHState",
   "DionState",
   "GraftingType",
   "MarsState",
