@@ -183,7 +183,7 @@ FLOAT_SENSITIVE = {
     "tests/core/test_wrapper_orders.py",
     "tests/core/test_field_optimizers.py",
     "tests/core/test_dion.py",
-    "tests/core/test_adamh.py",
+    "tests/core/test_hyperball.py",
   ],
   "flax": [
     "tests/flax/test_matrix_optimizers_flax.py",

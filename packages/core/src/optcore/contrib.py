@@ -1,7 +1,7 @@
 """optax.contrib's optimizers as optcore definitions: ``optcore.contrib.<name>``.
 
 Also optcore's own optimizers with no optax original (`OWN_OPTIMIZERS`: ``soap``, ``shampoo``,
-``mars``, ``normuon``, ``dion``, ``adamh``).
+``mars``, ``normuon``, ``dion``, ``adamh``, ``muonh``).
 Optimizer wrappers (mechanize, sam, schedule_free, split_real_and_imaginary)
 take optax transformations or optcore definitions. The list is written out,
 one line each, so that IDEs and type checkers see every name, and
@@ -30,6 +30,8 @@ from optcore._src.optimizers.dion import dion as _dion
 from optcore._src.optimizers.mars import MarsState as MarsState
 from optcore._src.optimizers.mars import mars as _mars
 from optcore._src.optimizers.matrix_state import Preconditioners as Preconditioners
+from optcore._src.optimizers.muonh import MuonHState as MuonHState
+from optcore._src.optimizers.muonh import muonh as _muonh
 from optcore._src.optimizers.normuon import NorMuonState as NorMuonState
 from optcore._src.optimizers.normuon import normuon as _normuon
 from optcore._src.optimizers.shampoo import GraftingType as GraftingType
@@ -88,10 +90,12 @@ normuon = _wrap(_normuon, name="contrib.normuon")
 dion = _wrap(_dion, name="contrib.dion")
 # AdamH: Adam on the hyperball, each weight's norm held; its numbers levanter's.
 adamh = _wrap(_adamh, name="contrib.adamh")
+# MuonH: Muon on the hyperball; its numbers levanter's.
+muonh = _wrap(_muonh, name="contrib.muonh")
 
 #: optcore's own optimizers above (no optax original); a config may also name them without
 #: ``contrib.`` (``{"name": "soap"}``).
-OWN_OPTIMIZERS: tuple[str, ...] = ("soap", "shampoo", "mars", "normuon", "dion", "adamh")
+OWN_OPTIMIZERS: tuple[str, ...] = ("soap", "shampoo", "mars", "normuon", "dion", "adamh", "muonh")
 
 #: The optax.contrib optimizers wrapped above: read from this module, so a line added
 #: above is a contrib optimizer everywhere (``optcore.contrib.<name>``, configs).
@@ -104,6 +108,7 @@ __all__ = [
   "DionState",
   "GraftingType",
   "MarsState",
+  "MuonHState",
   "NorMuonState",
   "PreconditionerType",
   "Preconditioners",

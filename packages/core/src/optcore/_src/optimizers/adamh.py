@@ -24,7 +24,7 @@ from optcore._src.ground import arguments as a
 from optcore._src.ground.checks import check_real_params, require_params
 from optcore._src.ground.declarations import Count, FirstMoment, SecondMoment
 from optcore._src.ground.hyper_params import value_at
-from optcore._src.optimizers.matrix_state import kept_dtypes
+from optcore._src.optimizers.matrix_state import kept_dtypes, sphere_step
 
 PyTree = Any
 
@@ -41,14 +41,6 @@ class AdamHState(NamedTuple):
   count: Count
   mu: FirstMoment
   nu: SecondMoment
-
-
-def _norm(x: jax.Array) -> jax.Array:
-  """The Frobenius norm of a matrix; of each slice along the first axis of any other leaf
-  (a layer of a stack), kept as a dimension to broadcast."""
-  if x.ndim == 2:
-    return jnp.linalg.norm(x)
-  return jnp.sqrt(jnp.sum(jnp.square(x), axis=tuple(range(1, x.ndim)), keepdims=True))
 
 
 @a.declare(learning_rate=a.RATE, b1=a.DECAY, b2=a.DECAY, eps=a.NONNEGATIVE)
@@ -109,10 +101,7 @@ def adamh(
     def step(p, m, v):
       m_hat = m / first.astype(m.dtype)
       v_hat = v / second.astype(v.dtype)
-      u = m_hat / (jnp.sqrt(v_hat) + eps)
-      p_norm = _norm(p)
-      moved = p - lr * u * p_norm / _norm(u)
-      return moved / _norm(moved) * p_norm - p
+      return sphere_step(p, m_hat / (jnp.sqrt(v_hat) + eps), lr)
 
     new = jax.tree.map(step, params, mu, nu)
     return new, AdamHState(count, kept_dtypes(mu, state.mu), kept_dtypes(nu, state.nu))

@@ -115,3 +115,50 @@ def kept_dtypes(new: Any, old: Any) -> Any:
   it (the parameters'), whatever the gradients' dtype or a float32 computation's; a state whose
   dtypes moved would retrace ``jit`` and be refused by ``lax.scan`` and a restore."""
   return jax.tree.map(lambda x, o: x.astype(o.dtype), new, old)
+
+
+#: Muon's quintic Newton-Schulz coefficients (Keller Jordan's, optax's ``'standard'``).
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+
+
+def newton_schulz5(g: jax.Array, steps: int = 5, eps: float = 1e-7) -> jax.Array:
+  """The quintic Newton-Schulz iteration of Muon on the last two dimensions, in float32: the
+  matrix divided by its Frobenius norm plus ``eps``, a tall one transposed, ``steps`` times
+  ``X <- a X + (b A + c A A) X`` with ``A = X X^T`` (NorMuon's and levanter's MuonH's
+  references alike; NorMuon's ``eps`` is 1e-7, MuonH's its ``muon_eps``).
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from optcore._src.optimizers.matrix_state import newton_schulz5
+    >>> newton_schulz5(jnp.eye(2) * 3).round(2)  # singular values near 1, not at it
+    Array([[1.11, 0.  ],
+           [0.  , 1.11]], dtype=float32)
+  """
+  a, b, c = NS_COEFFICIENTS
+  x = g.astype(jnp.float32)
+  tall = g.shape[-2] > g.shape[-1]
+  if tall:
+    x = jnp.swapaxes(x, -1, -2)
+  x = x / (jnp.linalg.norm(x, axis=(-2, -1), keepdims=True) + eps)
+  mm = lambda u, v: jnp.matmul(u, v, precision=jax.lax.Precision.HIGHEST)
+  for _ in range(steps):
+    gram = mm(x, jnp.swapaxes(x, -1, -2))
+    x = a * x + mm(b * gram + c * mm(gram, gram), x)
+  return jnp.swapaxes(x, -1, -2) if tall else x
+
+
+def sphere_norm(x: jax.Array) -> jax.Array:
+  """The Frobenius norm of a matrix; of each slice along the first axis of any other leaf
+  (a layer of a stack; a vector's elements), kept as a dimension to broadcast: the norm the
+  hyperball optimizers hold (levanter's AdamH and MuonH)."""
+  if x.ndim == 2:
+    return jnp.linalg.norm(x)
+  return jnp.sqrt(jnp.sum(jnp.square(x), axis=tuple(range(1, x.ndim)), keepdims=True))
+
+
+def sphere_step(p: jax.Array, u: jax.Array, learning_rate: Any) -> jax.Array:
+  """The update that moves ``p`` along ``u`` by ``learning_rate`` on the sphere of its own norm
+  (`sphere_norm`): ``p' = p - lr u |p| / |u|``, then ``p' |p| / |p'| - p``."""
+  p_norm = sphere_norm(p)
+  moved = p - learning_rate * u * p_norm / sphere_norm(u)
+  return moved / sphere_norm(moved) * p_norm - p

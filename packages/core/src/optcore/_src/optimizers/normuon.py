@@ -29,11 +29,14 @@ from optcore._src.ground import arguments as a
 from optcore._src.ground.checks import require_params
 from optcore._src.ground.declarations import SECOND_MOMENT, Count, FirstMoment
 from optcore._src.ground.hyper_params import value_at
-from optcore._src.optimizers.matrix_state import kept_dtypes, lerp, matrix_layouts_of
+from optcore._src.optimizers.matrix_state import (
+  kept_dtypes,
+  lerp,
+  matrix_layouts_of,
+  newton_schulz5,
+)
 
 PyTree = Any
-
-NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 
 
 def _second_axes(field: PyTree, state: Any, params_axes: PyTree, params: PyTree) -> PyTree:
@@ -60,30 +63,6 @@ class NorMuonState(NamedTuple):
   count: Count
   momentum: FirstMoment
   second_momentum: Annotated[PyTree, SECOND_MOMENT.with_axes(_second_axes)]
-
-
-def newton_schulz5(g: jax.Array, steps: int = 5) -> jax.Array:
-  """The quintic Newton-Schulz iteration of Muon on the last two dimensions, in float32
-  (the reference's, whose coefficients and 1e-7 it keeps).
-
-  Example:
-    >>> import jax.numpy as jnp
-    >>> from optcore._src.optimizers.normuon import newton_schulz5
-    >>> newton_schulz5(jnp.eye(2) * 3).round(2)  # singular values near 1, not at it
-    Array([[1.11, 0.  ],
-           [0.  , 1.11]], dtype=float32)
-  """
-  a, b, c = NS_COEFFICIENTS
-  x = g.astype(jnp.float32)
-  tall = g.shape[-2] > g.shape[-1]
-  if tall:
-    x = jnp.swapaxes(x, -1, -2)
-  x = x / (jnp.linalg.norm(x, axis=(-2, -1), keepdims=True) + 1e-7)
-  mm = lambda u, v: jnp.matmul(u, v, precision=jax.lax.Precision.HIGHEST)
-  for _ in range(steps):
-    gram = mm(x, jnp.swapaxes(x, -1, -2))
-    x = a * x + mm(b * gram + c * mm(gram, gram), x)
-  return jnp.swapaxes(x, -1, -2) if tall else x
 
 
 @a.declare(
