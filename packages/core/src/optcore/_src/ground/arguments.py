@@ -306,7 +306,8 @@ def check(owner: str, specs: Mapping[str, Spec], arguments: Mapping[str, Any]) -
 
 def declare(**specs: Spec) -> Callable[[F], F]:
   """Declares what each named argument of the decorated function accepts; every call is
-  checked (defaults included), and the declaration is kept for `declared`.
+  checked (the defaults once, when the function is declared), and the declaration is kept for
+  `declared`.
 
   A method's ``self`` is skipped; its owner in messages is the class's ``name`` attribute,
   or the function's name. A function that takes ``**settings`` may declare names it finds
@@ -319,6 +320,10 @@ def declare(**specs: Spec) -> Callable[[F], F]:
     unknown = set(specs) - set(signature.parameters)
     if unknown and keywords is None:
       raise TypeError(f"declare: {fn.__name__} has no argument(s) {sorted(unknown)}")
+    for name, spec in specs.items():  # the defaults, once: a call leaves them as they are
+      default = signature.parameters[name].default if name in signature.parameters else None
+      if name in signature.parameters and default is not inspect.Parameter.empty:
+        spec.check(fn.__name__, name, default)
 
     @functools.wraps(fn)
     def checked(*args: Any, **kwargs: Any) -> Any:
@@ -333,8 +338,6 @@ def declare(**specs: Spec) -> Callable[[F], F]:
           bound.arguments[name] = spec.check(owner, name, bound.arguments[name])
         elif name in given:
           given[name] = spec.check(owner, name, given[name])
-        elif name in signature.parameters:
-          spec.check(owner, name, signature.parameters[name].default)
       return fn(*bound.args, **bound.kwargs)
 
     setattr(checked, ATTRIBUTE, types.MappingProxyType(dict(specs)))
