@@ -19,7 +19,6 @@ Example:
 
 import optax.contrib as _contrib
 
-from optcore._src.axes.matrix_axes import muon_with_axes as _muon_with_axes
 from optcore._src.definitions.optax_wrapper import wrap_optax_optimizer as _wrap
 from optcore._src.definitions.optax_wrapper import wrapped_names as _wrapped_names
 from optcore._src.ground.arguments import OPTAX_WEIGHT_DECAY as _WD
@@ -30,6 +29,7 @@ from optcore._src.optimizers.dion import dion as _dion
 from optcore._src.optimizers.mars import MarsState as MarsState
 from optcore._src.optimizers.mars import mars as _mars
 from optcore._src.optimizers.matrix_state import Preconditioners as Preconditioners
+from optcore._src.optimizers.muon import muon as _muon
 from optcore._src.optimizers.muonh import MuonHState as MuonHState
 from optcore._src.optimizers.muonh import muonh as _muonh
 from optcore._src.optimizers.normuon import NorMuonState as NorMuonState
@@ -57,8 +57,10 @@ madgrad = _wrap(_contrib.madgrad, name="contrib.madgrad", declare=_DECAY)
 mechanize = _wrap(_contrib.mechanize, name="contrib.mechanize", declare=_DECAY)
 momo = _wrap(_contrib.momo, name="contrib.momo", declare=_DECAY)
 momo_adam = _wrap(_contrib.momo_adam, name="contrib.momo_adam", declare=_DECAY)
+# optax's muon, its matrix dimensions from logical axes, Polar Express and Newton-Schulz on owner
+# devices (docs/concepts/muon_at_scale.md).
 muon = _wrap(
-  _muon_with_axes,
+  _muon,
   name="contrib.muon",
   declare={"weight_decay": _WD, "adam_weight_decay": _WD},
 )

@@ -25,8 +25,6 @@ raises, naming its path and the axis.
 
 from __future__ import annotations
 
-import functools
-import inspect
 import math
 from collections.abc import Mapping
 from types import MappingProxyType
@@ -42,9 +40,6 @@ from optcore._src.axes.partition_rules import PartitionRuleError
 from optcore._src.ground import paths
 
 PyTree = Any
-# optax's muon as it was at import, as every optcore alias holds the factory it wrapped: a later
-# rebinding of optax.contrib.muon (optax's own suite run against optcore) must not reach here.
-_OPTAX_MUON = optax_contrib.muon
 
 #: The default rule table of `optcore.contrib.muon`: logical axis name -> "matrix",
 #: "batch" or "adam" (see `muon_dimension_numbers`).
@@ -327,43 +322,5 @@ def muon_dimension_numbers_fn(param_logical_axes: PyTree, rules: Mapping[str, st
 
   return dimension_numbers
 
-
-def _muon_with_axes(
-  *args: Any,
-  param_logical_axes: PyTree = None,
-  matrix_rules: Mapping[str, str] | None = None,
-  **kwargs: Any,
-) -> Any:
-  """optax's ``muon``, its matrix dimensions derived from ``param_logical_axes``."""
-  check_rules_with_axes("muon", param_logical_axes, matrix_rules)
-  if param_logical_axes is not None:
-    if kwargs.get("muon_weight_dimension_numbers") is not None:
-      raise TypeError(
-        "muon: pass param_logical_axes (the matrix dimensions derived from them) or "
-        "muon_weight_dimension_numbers (given by hand), not both"
-      )
-    kwargs["muon_weight_dimension_numbers"] = muon_dimension_numbers_fn(
-      param_logical_axes, matrix_rules
-    )
-  return _OPTAX_MUON(*args, **kwargs)
-
-
-def _signature() -> inspect.Signature:
-  base = inspect.signature(optax_contrib.muon)
-  extra = [
-    inspect.Parameter("param_logical_axes", inspect.Parameter.KEYWORD_ONLY, default=None),
-    inspect.Parameter("matrix_rules", inspect.Parameter.KEYWORD_ONLY, default=None),
-  ]
-  return base.replace(parameters=[*base.parameters.values(), *extra])
-
-
-muon_with_axes: Any = functools.wraps(optax_contrib.muon)(_muon_with_axes)
-muon_with_axes.__signature__ = _signature()
-muon_with_axes.__doc__ = (
-  "optax.contrib.muon, whose matrix dimensions optcore derives from the parameters' logical "
-  "axes (``param_logical_axes=``, or the axes given to ``create_sharded``) by a rule table "
-  "(``matrix_rules=``, see ``optcore.partitioning.MATRIX_AXIS_RULES``); every other argument "
-  "is optax's.\n\n" + (optax_contrib.muon.__doc__ or "")
-)
 
 __all__ = ["MATRIX_AXIS_RULES", "muon_dimension_numbers", "muon_dimension_numbers_fn"]

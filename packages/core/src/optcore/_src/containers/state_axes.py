@@ -439,6 +439,9 @@ def create_sharded(
   is given ``param_logical_axes`` first."""
   if param_logical_axes is not None:
     optimizer_def = optimizer_def.with_param_logical_axes(param_logical_axes)
+  if where.state_axis is not None:  # ZeRO-1: a step that can use the split is told it
+    split_over = NamedSharding(where.mesh, PartitionSpec(where.state_axis))
+    optimizer_def = optimizer_def.with_state_split(split_over)
   abstract = jax.eval_shape(optimizer_def.create, target)
   shardings = optimizer_def.derive_shardings(abstract, param_logical_axes, where)
   optimizer = jax.jit(optimizer_def.create, out_shardings=shardings)(target)

@@ -316,6 +316,17 @@ class OptimizerDef(
       param_logical_axes,
     )
 
+  def with_state_split(self, split: Any) -> OptimizerDef:
+    """This definition told that `create_sharded` splits its state over ``split``'s mesh axis
+    (ZeRO-1, a ``NamedSharding(mesh, P(state_axis))``), for one whose step can use it:
+    `optcore.contrib.muon` then orthogonalises whole matrices on owner devices. One with
+    children tells each of them; any other is returned as it is."""
+    children = self.children()
+    told = tuple(child.with_state_split(split) for child in children)
+    if all(a is b for a, b in zip(told, children, strict=True)):
+      return self
+    return self.with_children(told)
+
   #: The hyper-parameters that are weight decays (flax.optim's and T5X's algorithms declare
   #: theirs here; an optax factory's are declared on its arguments, `arguments.declare_for`):
   #: `optcore.cautious` masks the step without them and adds their part after, unmasked.

@@ -145,6 +145,16 @@ class OptaxWrapper(OptimizerDef):
       return self  # no such argument, or its own axes win
     return self.with_hyper_params(self.hyper_params.replace(param_logical_axes=param_logical_axes))
 
+  def with_state_split(self, split: Any) -> OptaxWrapper:
+    if self.children():
+      return cast(OptaxWrapper, super().with_state_split(split))
+    # the factory's argument that takes the split, declared on the factory
+    # (`optcore.contrib.muon`'s ns_sharding); left None it is the split's, set it is the user's
+    name = getattr(self._factory, "placement_argument", None)
+    if name is None or name not in self.hyper_params or self.hyper_params[name] is not None:
+      return self
+    return self.with_hyper_params(self.hyper_params.replace(**{name: split}))
+
   def init_state(self, params: PyTree) -> OptimizerState:
     check_float_params(params)
     state = self.optax_optimizer.init(params)
