@@ -184,6 +184,7 @@ FLOAT_SENSITIVE = {
     "tests/core/test_field_optimizers.py",
     "tests/core/test_dion.py",
     "tests/core/test_hyperball.py",
+    "tests/core/test_muon_at_scale.py",
   ],
   "flax": [
     "tests/flax/test_matrix_optimizers_flax.py",
@@ -194,6 +195,7 @@ FLOAT_SENSITIVE = {
     "tests/distributed/test_grouped_sharding.py",
     "tests/distributed/test_low_bit_mesh.py",
     "tests/distributed/test_field_optimizers_mesh.py",
+    "tests/distributed/test_muon_mesh.py",
     "tests/conformance/test_grouped_faces.py",
   ],
 }
@@ -259,7 +261,13 @@ def tests(session: nox.Session, variant: str) -> None:
   # Python runs it all, the others each wrapper alone (tests/support/composition.py), which keeps
   # CI under its hour.
   full = {"OPTCORE_FULL_MATRIX": "1"} if session.python == PYTHON else None
-  run_pytest(session, folders, env=full)
+  # Between the oldest and the newest Python, whose jax, optax and XLA are the newest's (the
+  # same programs), the float-sensitive files' numbers cannot differ from the newest's, which
+  # runs them twice (two instruction sets): run the rest, the interpreter's part (CI's 45
+  # minutes; the cold compiles of these files were about 1.5 of its 49, 2026-11-28).
+  middle = session.python not in INTEGRATION_PYTHONS
+  skipped = [f"--ignore={f}" for f in FLOAT_SENSITIVE.get(variant, [])] if middle else []
+  run_pytest(session, folders, *skipped, env=full)
   if session.python == PYTHON:  # the instruction set is Python-independent: the newest runs it
     run_under_another_isa(session, variant)
 
