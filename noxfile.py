@@ -185,6 +185,7 @@ FLOAT_SENSITIVE = {
     "tests/core/test_dion.py",
     "tests/core/test_hyperball.py",
     "tests/core/test_muon_at_scale.py",
+    "tests/core/test_kron.py",
   ],
   "flax": [
     "tests/flax/test_matrix_optimizers_flax.py",
@@ -408,16 +409,19 @@ def reference(session: nox.Session) -> None:
 #: The authors' JAX Shampoo, as its continuation on PyPI (make_shampoo_reference.py in
 #: tests/reference_data says why it stands for the google-research file); without its pins.
 SHAMPOO_REFERENCE = ["precondition-opt==0.3.0"]
+#: The authors' JAX PSGD Kron (make_kron_reference.py); without its pins (it asks matplotlib).
+KRON_REFERENCE = ["psgd-jax==0.2.9"]
 
 
 @nox.session(python=PYTHON)
 def shampoo_reference(session: nox.Session) -> None:
-  """The authors' JAX Shampoo writes the Shampoo reference trajectories anew, the committed
-  file must agree with them, and `tests/core/test_shampoo.py` runs against them."""
-  sync(session, None, "test")  # every member: flax, which the reference imports
+  """The authors' JAX optimizers write their reference trajectories anew, the committed files
+  must agree with them: Shampoo (`tests/core/test_shampoo.py`) and PSGD Kron
+  (`tests/core/test_kron.py`), one environment (both import flax and chex)."""
+  sync(session, None, "test")  # every member: flax, which the references import
   session.run_install(
     uv(session), "pip", "install", "--python", session.virtualenv.location, "--no-deps",
-    *SHAMPOO_REFERENCE, external=True,
+    *SHAMPOO_REFERENCE, *KRON_REFERENCE, external=True,
   )  # fmt: skip
   session.run_install(
     uv(session), "pip", "install", "--python", session.virtualenv.location, "chex", external=True
@@ -425,7 +429,10 @@ def shampoo_reference(session: nox.Session) -> None:
   print_versions(session)
   fresh = os.path.join(session.create_tmp(), "shampoo_reference.npz")
   session.run("python", "tests/reference_data/make_shampoo_reference.py", fresh)
-  run_pytest(session, ["tests/core/test_shampoo.py"], env={"OPTCORE_SHAMPOO_REFERENCE": fresh})
+  kron = os.path.join(session.create_tmp(), "kron_reference.npz")
+  session.run("python", "tests/reference_data/make_kron_reference.py", kron)
+  env = {"OPTCORE_SHAMPOO_REFERENCE": fresh, "OPTCORE_KRON_REFERENCE": kron}
+  run_pytest(session, ["tests/core/test_shampoo.py", "tests/core/test_kron.py"], env=env)
 
 
 #: What optax's own tests import beside optax (its test extras).

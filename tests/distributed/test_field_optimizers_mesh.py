@@ -39,6 +39,7 @@ OPTIMIZERS = {
   "cautious": lambda axes: optcore.cautious(optcore.adamw(1e-2, weight_decay=0.1)),
   "zclip": lambda axes: optcore.zclip(optcore.adamw(1e-2), warmup_steps=2),
   "user-slow-adam": lambda axes: SlowAdam(1e-2, every=2),
+  "kron": lambda axes: optcore.contrib.kron(learning_rate=1e-2, param_logical_axes=axes),
 }
 ATOL = 1e-6  # 8 x the largest measured distance (1.2e-7), on every instruction set tried
 

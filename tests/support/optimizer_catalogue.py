@@ -163,6 +163,7 @@ CASES = [
   # A rate of 0 rescales each leaf back to its own norm: the same up to rounding, not bitwise.
   Case("contrib.adamh", LR, frozen_at_zero_lr=False),
   Case("contrib.muonh", LR, frozen_at_zero_lr=False),
+  Case("contrib.kron", LR),
   Case("contrib.sophia", LR, extra="obj_fn"),
   Case(
     "contrib.split_real_and_imaginary", {}, lr_name=None, make_args=lambda c: {"inner": _base(c)}

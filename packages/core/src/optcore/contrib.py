@@ -1,7 +1,7 @@
 """optax.contrib's optimizers as optcore definitions: ``optcore.contrib.<name>``.
 
 Also optcore's own optimizers with no optax original (`OWN_OPTIMIZERS`: ``soap``, ``shampoo``,
-``mars``, ``normuon``, ``dion``, ``adamh``, ``muonh``).
+``mars``, ``normuon``, ``dion``, ``adamh``, ``muonh``, ``kron``).
 Optimizer wrappers (mechanize, sam, schedule_free, split_real_and_imaginary)
 take optax transformations or optcore definitions. The list is written out,
 one line each, so that IDEs and type checkers see every name, and
@@ -26,6 +26,8 @@ from optcore._src.optimizers.adamh import AdamHState as AdamHState
 from optcore._src.optimizers.adamh import adamh as _adamh
 from optcore._src.optimizers.dion import DionState as DionState
 from optcore._src.optimizers.dion import dion as _dion
+from optcore._src.optimizers.kron import KronState as KronState
+from optcore._src.optimizers.kron import kron as _kron
 from optcore._src.optimizers.mars import MarsState as MarsState
 from optcore._src.optimizers.mars import mars as _mars
 from optcore._src.optimizers.matrix_state import Preconditioners as Preconditioners
@@ -94,10 +96,21 @@ dion = _wrap(_dion, name="contrib.dion")
 adamh = _wrap(_adamh, name="contrib.adamh")
 # MuonH: Muon on the hyperball; its numbers levanter's.
 muonh = _wrap(_muonh, name="contrib.muonh")
+# PSGD Kron: Kronecker-factored preconditioners; its names, draws and numbers psgd_jax's.
+kron = _wrap(_kron, name="contrib.kron")
 
 #: optcore's own optimizers above (no optax original); a config may also name them without
 #: ``contrib.`` (``{"name": "soap"}``).
-OWN_OPTIMIZERS: tuple[str, ...] = ("soap", "shampoo", "mars", "normuon", "dion", "adamh", "muonh")
+OWN_OPTIMIZERS: tuple[str, ...] = (
+  "soap",
+  "shampoo",
+  "mars",
+  "normuon",
+  "dion",
+  "adamh",
+  "muonh",
+  "kron",
+)
 
 #: The optax.contrib optimizers wrapped above: read from this module, so a line added
 #: above is a contrib optimizer everywhere (``optcore.contrib.<name>``, configs).
@@ -108,6 +121,7 @@ __all__ = [
   "OWN_OPTIMIZERS",
   "AdamHState",
   "DionState",
+  "KronState",
   "GraftingType",
   "MarsState",
   "MuonHState",
