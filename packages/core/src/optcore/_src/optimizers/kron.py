@@ -301,14 +301,18 @@ def _scanned_from_axes(params: PyTree, param_logical_axes: PyTree, rules: Any) -
   return treedef.unflatten(out)
 
 
-@a.declare(
-  b1=a.DECAY,
-  max_size_triangular=a.COUNT,
-  min_ndim_triangular=a.COUNT,
-  preconditioner_lr=a.POSITIVE,
-  preconditioner_init_scale=a.POSITIVE,
-  lax_map_batch_size=a.COUNT,
-)
+#: The ranges of the arguments `scale_by_kron` and `kron` share.
+_SHARED_RANGES = {
+  "b1": a.DECAY,
+  "max_size_triangular": a.COUNT,
+  "min_ndim_triangular": a.COUNT,
+  "preconditioner_lr": a.POSITIVE,
+  "preconditioner_init_scale": a.POSITIVE,
+  "lax_map_batch_size": a.COUNT,
+}
+
+
+@a.declare(**_SHARED_RANGES)
 def scale_by_kron(
   b1: float = 0.9,
   preconditioner_update_probability: Any = None,
@@ -452,16 +456,7 @@ def scale_by_kron(
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)  # pyright: ignore[reportArgumentType]
 
 
-@a.declare(
-  b1=a.DECAY,
-  weight_decay=a.OPTAX_WEIGHT_DECAY,
-  max_size_triangular=a.COUNT,
-  min_ndim_triangular=a.COUNT,
-  preconditioner_lr=a.POSITIVE,
-  preconditioner_init_scale=a.POSITIVE,
-  lax_map_batch_size=a.COUNT,
-  learning_rate=a.RATE,
-)
+@a.declare(**_SHARED_RANGES, weight_decay=a.OPTAX_WEIGHT_DECAY, learning_rate=a.RATE)
 def kron(
   learning_rate: optax.ScalarOrSchedule = 0.001,
   b1: float = 0.9,

@@ -98,14 +98,19 @@ def polar_express_coefficients(steps: int) -> tuple[tuple[float, float, float], 
   return POLAR_EXPRESS[:steps] + (POLAR_EXPRESS[-1],) * max(0, steps - len(POLAR_EXPRESS))
 
 
+def _matrix_axes(ndim: int, dims: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+  """A leaf's reduction and output dimensions (``MuonDimensionNumbers``), non-negative."""
+  as_tuple = lambda axes: (axes,) if isinstance(axes, int) else tuple(axes)
+  reduction = tuple(ax % ndim for ax in as_tuple(dims.reduction_axis))
+  return reduction, tuple(ax % ndim for ax in as_tuple(dims.output_axis))
+
+
 def _oriented(x: jax.Array, dims: Any) -> tuple[jax.Array, Callable[[jax.Array], jax.Array]]:
   """``x`` as a stack ``(batch, rows, cols)`` of its matrices, each with no more rows than
   columns (Newton-Schulz's cheaper side, optax's and the authors' choice), and the inverse."""
   if x.ndim < 2:
     raise ValueError(f"muon: a Muon parameter must have rank >= 2, got shape {x.shape}")
-  as_tuple = lambda axes: (axes,) if isinstance(axes, int) else tuple(axes)
-  reduction = tuple(ax % x.ndim for ax in as_tuple(dims.reduction_axis))
-  output = tuple(ax % x.ndim for ax in as_tuple(dims.output_axis))
+  reduction, output = _matrix_axes(x.ndim, dims)
   if set(reduction) & set(output):
     raise ValueError(
       f"muon: reduction axes {reduction} and output axes {output} overlap (shape {x.shape})"
@@ -262,9 +267,9 @@ def _scale_by_shape(dims_fn: Callable[[PyTree], PyTree], consistent_rms: Any):
   or ``sqrt(max(fan_in, fan_out)) * consistent_rms``)."""
 
   def scale(update: jax.Array, dims: Any) -> jax.Array:
-    as_tuple = lambda axes: (axes,) if isinstance(axes, int) else tuple(axes)
-    fan_in = math.prod(update.shape[ax % update.ndim] for ax in as_tuple(dims.reduction_axis))
-    fan_out = math.prod(update.shape[ax % update.ndim] for ax in as_tuple(dims.output_axis))
+    reduction, output = _matrix_axes(update.ndim, dims)
+    fan_in = math.prod(update.shape[ax] for ax in reduction)
+    fan_out = math.prod(update.shape[ax] for ax in output)
     if consistent_rms is not None:
       return jnp.sqrt(jnp.maximum(fan_in, fan_out)) * consistent_rms * update
     return jnp.sqrt(jnp.maximum(1, fan_out / fan_in)) * update
