@@ -186,6 +186,7 @@ FLOAT_SENSITIVE = {
     "tests/core/test_hyperball.py",
     "tests/core/test_muon_at_scale.py",
     "tests/core/test_kron.py",
+    "tests/core/test_multipliers.py",
   ],
   "flax": [
     "tests/flax/test_matrix_optimizers_flax.py",
@@ -379,14 +380,19 @@ LOW_BIT_REFERENCE = ["torch==2.13.0+cpu", "bitsandbytes==0.50.2", "torchao==0.18
 #: field_reference.npz); MARS, C-Optim, NorMuon and Dion are on GitHub only, which CI cannot
 #: reach: their scripts run by hand from clones (tests/reference_data/make_*_reference.py).
 FIELD_REFERENCE = ["zclip==1.0.0"]
+#: microsoft/mup as on PyPI (1.0.0, 2022: no decoupled_wd, which make_mup_reference.py leaves
+#: out there) and the one import it makes beyond torch; its pandas, seaborn and torchvision
+#: serve its plotting, which the reference does not import.
+MUP_REFERENCE = ["pyyaml>=6"]
+MUP_REFERENCE_NO_DEPS = ["mup==1.0.0"]
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
 
 @nox.session(python=PYTHONS[0])
 def reference(session: nox.Session) -> None:
   """bitsandbytes and torchao (torch on CPU) write the low-bit reference data anew, the
-  committed file must equal it, and low_bit_state's tests run against it; zclip writes its
-  trajectories anew and the committed ones must equal them: one Python, one environment,
+  committed file must equal it, and low_bit_state's tests run against it; zclip and mup write
+  their trajectories anew and the committed ones must equal them: one Python, one environment,
   apart from the test matrix. torch's CPU wheel comes from pip's find-links
   (PIP_FIND_LINKS, a local wheel) where it is set, else from PyTorch's CPU index."""
   sync(session, "optcore", "test")
@@ -394,15 +400,29 @@ def reference(session: nox.Session) -> None:
   where = ["--find-links", links] if links else ["--extra-index-url", TORCH_CPU_INDEX]
   session.run_install(
     uv(session), "pip", "install", "--python", session.virtualenv.location, *where,
-    *LOW_BIT_REFERENCE, *FIELD_REFERENCE, external=True,
+    *LOW_BIT_REFERENCE, *FIELD_REFERENCE, *MUP_REFERENCE, external=True,
+  )  # fmt: skip
+  session.run_install(
+    uv(session), "pip", "install", "--python", session.virtualenv.location, "--no-deps",
+    *MUP_REFERENCE_NO_DEPS, external=True,
   )  # fmt: skip
   fresh = os.path.join(session.create_tmp(), "low_bit_reference.npz")
   session.run("python", "tests/reference_data/make_low_bit_reference.py", fresh)
   field = os.path.join(session.create_tmp(), "field_reference_zclip.npz")
   script = "tests/reference_data/make_field_reference.py"
   session.run("python", script, "--zclip-only", field)
-  env = {"OPTCORE_LOW_BIT_REFERENCE": fresh, "OPTCORE_FIELD_REFERENCE": field}
-  tests = ["tests/core/test_low_bit_state.py", "tests/core/test_field_optimizers.py"]
+  mup = os.path.join(session.create_tmp(), "mup_reference.npz")
+  session.run("python", "tests/reference_data/make_mup_reference.py", mup)
+  env = {
+    "OPTCORE_LOW_BIT_REFERENCE": fresh,
+    "OPTCORE_FIELD_REFERENCE": field,
+    "OPTCORE_MUP_REFERENCE": mup,
+  }
+  tests = [
+    "tests/core/test_low_bit_state.py",
+    "tests/core/test_field_optimizers.py",
+    "tests/core/test_multipliers.py",
+  ]
   run_pytest(session, tests, env=env)
 
 

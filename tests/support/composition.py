@@ -29,6 +29,8 @@ WRAPPERS = {
   "cautious": lambda d: optcore.cautious(d),
   # A short warm-up: the five calls reach the moving averages.
   "zclip": lambda d: optcore.zclip(d, warmup_steps=2),
+  # The bias at twice the kernel's rate: two runs of the wrapped step, a leaf from each.
+  "multipliers": lambda d: optcore.multipliers(d, lr_mults=[("bias", 2.0)]),
 }
 ALGORITHMS = {
   "adam": lambda: optcore.adam(1e-2),
@@ -41,9 +43,10 @@ ALGORITHMS = {
 STATE_CHANGING = ("accumulate", "ema", "mixed_precision", "low_bit_state")
 FULL = os.environ.get("OPTCORE_FULL_MATRIX") == "1"
 # The wrappers that shape the step's input or output (cautious masks the update, zclip scales
-# the gradient) are paired with the state-changing ones only: their pairs with the observers
+# the gradient, multipliers set the rates) are paired with the state-changing ones only: their
+# pairs with the observers
 # (skip_bad_steps, with_statistics, stochastic_rounding) repeat programs the matrix has.
-SHAPING = ("cautious", "zclip")
+SHAPING = ("cautious", "zclip", "multipliers")
 SINGLES = [(w,) for w in WRAPPERS]
 PAIRS = [
   pair
@@ -63,6 +66,9 @@ if FULL:
 # whole matrix the pairs that change the state's numbers.
 ORDERS = SINGLES + (CHANGING_PAIRS if FULL else [])
 CALLS = 5  # every=2: the last call is in the middle of a window
+#: The faces of tests/conformance/test_composition_matrix.py are `faces.FACES` up to this one;
+#: test_composition_matrix_faces.py has the rest (two files: two pytest-xdist workers).
+FACES_IN_FIRST_FILE = 3
 
 
 def build(order: tuple[str, ...], algorithm: str = "adam") -> optcore.OptimizerDef:
@@ -90,3 +96,35 @@ def grads(i: int):
 
 def order_id(order: tuple[str, ...], algorithm: str = "adam") -> str:
   return "(".join(order) + f"({algorithm})" + ")" * (len(order) - 1)
+
+
+def case_id(case) -> str:
+  return order_id(*case)
+
+
+def train(face, opt_def, calls=CALLS, handle=None):
+  """``calls`` jitted steps of ``opt_def`` in ``face`` from `params` (or on from ``handle``)."""
+  handle = face.create(opt_def, params()) if handle is None else handle
+  step = face.jit(face.step)
+  for i in range(calls):
+    handle = step(handle, grads(i), {})
+  return handle
+
+
+def check_face(case, face, core) -> None:
+  """``case`` trained in ``face`` gives the core face's run ``core`` bitwise (parameters, state
+  dict, moving average); a fresh handle restored from its state dict continues as the
+  uninterrupted run does."""
+  from tree_testing import assert_trees_equal
+
+  opt_def = build(*case)
+  handle = train(face, opt_def)
+  assert_trees_equal(face.params(handle), core.target)
+  assert_trees_equal(face.state_dict(handle)["state"], core.state_dict()["state"])
+  if face.ema_params is not None and "ema" in case[0]:
+    assert_trees_equal(face.ema_params(handle), core.ema_params)
+  fresh = face.restore(face.create(opt_def, face.params(handle)), face.state_dict(handle))
+  step = face.jit(face.step)
+  assert_trees_equal(
+    face.params(step(fresh, grads(CALLS), {})), face.params(step(handle, grads(CALLS), {}))
+  )

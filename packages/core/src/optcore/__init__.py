@@ -135,6 +135,9 @@ from optcore._src.wrappers.low_bit import low_bit_state as low_bit_state
 from optcore._src.wrappers.mixed_precision import MixedPrecision as MixedPrecision
 from optcore._src.wrappers.mixed_precision import MixedPrecisionState as MixedPrecisionState
 from optcore._src.wrappers.mixed_precision import mixed_precision as mixed_precision
+from optcore._src.wrappers.multipliers import Multipliers as Multipliers
+from optcore._src.wrappers.multipliers import multipliers as multipliers
+from optcore._src.wrappers.multipliers import mup as mup
 from optcore._src.wrappers.skip import SkipBadSteps as SkipBadSteps
 from optcore._src.wrappers.skip import SkipState as SkipState
 from optcore._src.wrappers.skip import skip_bad_steps as skip_bad_steps
@@ -209,6 +212,7 @@ __all__ = [
   "MixedPrecisionState",
   "ModelParamTraversal",
   "MultiOptimizer",
+  "Multipliers",
   "Nested",
   "OptaxStatePartitionRules",
   "OptaxWrapper",
@@ -275,6 +279,8 @@ __all__ = [
   "logical_to_mesh_sharding",
   "low_bit_state",
   "mixed_precision",
+  "multipliers",
+  "mup",
   "nadam",
   "nadamw",
   "noisy_sgd",

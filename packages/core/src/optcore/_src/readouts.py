@@ -243,7 +243,7 @@ def statistics(optimizer: Any, *, optimizer_def: OptimizerDef | None = None) -> 
 
 
 def current_hyper_params(
-  optimizer: Any, *, optimizer_def: OptimizerDef | None = None
+  optimizer: Any, *, optimizer_def: OptimizerDef | None = None, params: PyTree = None
 ) -> dict[str, jax.Array]:
   """The hyper-parameters the next step takes unless overridden, for logging.
 
@@ -251,13 +251,18 @@ def current_hyper_params(
   definition that owns them (under `accumulate`, the applied updates; in an
   optax chain, the count of the schedule's own ``scale_by_schedule``), numbers
   as they are, flags and other static settings left out; a `MultiOptimizer`'s
-  per group (``'0/learning_rate'``). Traceable: inside ``jit`` a schedule's
-  value changes with the step without a recompile.
+  per group (``'0/learning_rate'``). Where parameters take rates of their own
+  (`optcore.multipliers`, `optcore.mup`) and the parameters are known (held by
+  the optimizer, or given), each such parameter's effective rates are added
+  under its path (``'head/kernel/learning_rate'``). Traceable: inside ``jit``
+  a schedule's value changes with the step without a recompile.
 
   Args:
     optimizer: an optimizer of any face, or a state (``opt.state``, the
       ``opt_state`` of ``as_optax()``) with ``optimizer_def``.
     optimizer_def: the definition a bare state belongs to.
+    params: the parameters (or a model, for a face that reads them from one),
+      where the optimizer holds none, for the per-parameter rates.
 
   Returns:
     ``{name: scalar array}``: ``'learning_rate'``, ``'0/learning_rate'`` per group, ...
@@ -277,8 +282,12 @@ def current_hyper_params(
     >>> optcore.current_hyper_params(tx.init({'w': jnp.ones(1)}), optimizer_def=opt_def)
     {'learning_rate': Array(1., dtype=float32)}
   """
-  opt_def, state, _ = _source(optimizer, optimizer_def, "current_hyper_params")
-  return opt_def.current_hyper_params(state)
+  opt_def, state, held = _source(optimizer, optimizer_def, "current_hyper_params")
+  out = opt_def.current_hyper_params(state)
+  known = _parameters(optimizer, params, held)
+  if known is not None:
+    out.update(opt_def.leaf_hyper_params(state, paths.unbox(known)))
+  return out
 
 
 @runtime_checkable

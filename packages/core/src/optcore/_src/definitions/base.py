@@ -343,6 +343,22 @@ class OptimizerDef(
     """
     return self.weight_decays
 
+  #: The hyper-parameters that are learning rates (flax.optim's and T5X's algorithms declare
+  #: theirs here; an optax factory's are declared on its arguments, `arguments.RATE`):
+  #: `optcore.multipliers` scales them per parameter.
+  learning_rates: ClassVar[tuple[str, ...]] = ()
+
+  def learning_rate_names(self) -> tuple[str, ...]:
+    """The names of this definition's own hyper-parameters that are learning rates (not its
+    children's): the class's `learning_rates`.
+
+    Example:
+      >>> import optcore
+      >>> optcore.legacy.Adam(0.1).learning_rate_names(), optcore.adamw(0.1).learning_rate_names()
+      (('learning_rate',), ('learning_rate',))
+    """
+    return self.learning_rates
+
   def reads_param_logical_axes(self) -> bool:
     """Whether `with_param_logical_axes` would change this definition itself (not its
     children): one that derives something from the axes and has none of its own."""
@@ -404,6 +420,14 @@ class OptimizerDef(
       Array(1., dtype=float32)
     """
     return current_values(self.hyper_params, _step_of(self, state))
+
+  def leaf_hyper_params(self, state: OptimizerState, params: PyTree) -> dict[str, jax.Array]:
+    """The rates a parameter takes where they differ from `current_hyper_params`' (what
+    `optcore.multipliers` sets per parameter), keyed ``'<path>/<name>'``: none for a definition
+    whose parameters share theirs. `optcore.current_hyper_params` adds them where it knows the
+    parameters."""
+    del state, params
+    return {}
 
   def keeps_ema(self) -> bool:
     """Whether this definition (or one it wraps, or one of its groups) keeps a moving average

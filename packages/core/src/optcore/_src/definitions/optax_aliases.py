@@ -12,9 +12,13 @@ import optax as _optax
 from optcore._src.definitions.optax_wrapper import wrap_optax_optimizer as _wrap
 from optcore._src.definitions.optax_wrapper import wrapped_names as _wrapped_names
 from optcore._src.ground.arguments import OPTAX_WEIGHT_DECAY as _WD
+from optcore._src.ground.arguments import declare_for as _declare_for
 
 #: Declared on each factory that takes it: ``weight_decay`` is a weight decay.
 _DECAY = {"weight_decay": _WD}
+# Not an optimizer, but a chain's member that decays: wrapped (`wrap_optax_optimizer`), its rate
+# is a weight decay, for `cautious` and `multipliers` (torch's coupled L2: a decay before adam).
+_declare_for(_optax.add_decayed_weights, **_DECAY)
 
 adabelief = _wrap(_optax.adabelief, name="adabelief")
 adadelta = _wrap(_optax.adadelta, name="adadelta", declare=_DECAY)

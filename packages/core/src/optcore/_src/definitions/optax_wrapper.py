@@ -116,6 +116,11 @@ class OptaxWrapper(OptimizerDef):
     ready transformation."""
     return () if self._factory is None else arguments.weight_decays(self._factory)
 
+  def learning_rate_names(self) -> tuple[str, ...]:
+    """The factory's arguments declared learning rates (`arguments.learning_rates`); none for
+    a ready transformation."""
+    return () if self._factory is None else arguments.learning_rates(self._factory)
+
   def reads_param_logical_axes(self) -> bool:
     # muon, soap, shampoo: their matrix dimensions from the axes, unless given their own
     return self.hyper_params.get("param_logical_axes", False) is None

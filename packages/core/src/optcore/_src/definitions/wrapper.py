@@ -139,6 +139,10 @@ class Wrapper(OptimizerDef):
   def children(self) -> tuple[OptimizerDef, ...]:
     return (self.optimizer_def,)
 
+  def leaf_hyper_params(self, state: OptimizerState, params: PyTree) -> dict[str, jax.Array]:
+    inner = self._inner_state(state) if isinstance(self, StateWrapper) else state
+    return self.optimizer_def.leaf_hyper_params(inner, params)
+
   def with_children(self, children: tuple[OptimizerDef, ...]) -> OptimizerDef:
     (inner,) = children
     bound = self._renewed()  # a new definition: this one is never changed

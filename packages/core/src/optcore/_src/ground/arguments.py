@@ -125,7 +125,10 @@ class Number:
     convert: a NumPy scalar is stored as the Python number it holds (optax's own arguments
       keep NumPy's, so the program is optax's own).
     weight_decay: the argument is a weight decay: `optcore.cautious` masks the step without
-      it and adds the decay's part after, unmasked.
+      it and adds the decay's part after, unmasked; `optcore.multipliers` scales it by a
+      leaf's weight-decay multiplier.
+    learning_rate: the argument is a learning rate: `optcore.multipliers` scales it by a
+      leaf's learning-rate multiplier.
   """
 
   low: float | None = None
@@ -138,6 +141,7 @@ class Number:
   arrays: bool = False
   convert: bool = True
   weight_decay: bool = False
+  learning_rate: bool = False
 
   def expected(self) -> str:
     """What it takes, in words: ``'a number in [0, 1)'``, ``'an integer >= 1 or None'``."""
@@ -284,7 +288,7 @@ Spec = Number | Numbers | OneOf | Flag
 DECAY = Number(0, 1, high_open=True)  # a moment's or an average's decay: [0, 1)
 NONNEGATIVE = Number(0)
 POSITIVE = Number(0, low_open=True)
-RATE = Number(schedule=True)  # a learning rate: any real number, or a schedule
+RATE = Number(schedule=True, learning_rate=True)  # a learning rate: a real number, a schedule
 WEIGHT_DECAY = Number(0, weight_decay=True)  # a weight decay, never masked by cautious
 #: An optax factory's weight decay: the number its annotations declare (no range; None only
 #: where they admit it, as adafactor's weight_decay_rate), said to be a weight decay.
@@ -390,6 +394,15 @@ def weight_decays(fn: Any) -> tuple[str, ...]:
   )
 
 
+def learning_rates(fn: Any) -> tuple[str, ...]:
+  """The arguments of ``fn`` declared learning rates (`Number.learning_rate`)."""
+  return tuple(
+    name
+    for name, spec in from_annotations(fn).items()
+    if isinstance(spec, Number) and spec.learning_rate
+  )
+
+
 def annotation_args(p: inspect.Parameter) -> tuple[Any, ...]:
   """The types an argument's annotation admits (one, or a Union's members)."""
   annotation = p.annotation
@@ -460,8 +473,10 @@ def from_annotations(fn: Any) -> Mapping[str, Spec]:
     if any(a is bool for a in admitted) and not any(a in (int, float) for a in admitted):
       continue
     none = p.default is None or type(None) in annotation_args(p)
-    schedule = _takes_callables(p) or name.endswith("learning_rate")
-    out[name] = Number(none=none, schedule=schedule, arrays=True, convert=False)
+    # optax's convention: a rate is named so (muon's adam_learning_rate, its other branch's)
+    rate = name.endswith("learning_rate")
+    schedule = _takes_callables(p) or rate
+    out[name] = Number(none=none, schedule=schedule, arrays=True, convert=False, learning_rate=rate)
   for name, spec in declared(fn).items():
     derived = out.get(name)
     if spec is OPTAX_WEIGHT_DECAY and isinstance(derived, Number):  # the annotations' number,
@@ -490,5 +505,6 @@ __all__ = [
   "declare_for",
   "declared",
   "from_annotations",
+  "learning_rates",
   "weight_decays",
 ]

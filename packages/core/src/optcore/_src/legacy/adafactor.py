@@ -102,6 +102,7 @@ class Adafactor(FactorRules, OptimizerDef):
   """
 
   weight_decays = ("weight_decay_rate",)
+  learning_rates = ("learning_rate",)
 
   _t5x_numerics = True  # the momentum is read back as float32 before the update
   constructor_only = ("factored", "min_dim_size_to_factor", "factor_map", "logical_factor_rules")

@@ -104,6 +104,7 @@ class _FlaxOptimDef(OptimizerDef):
   the parameter's shape and dtype (None: no state), as flax.optim initialised them."""
 
   param_state: ClassVar[type | None] = None
+  learning_rates = ("learning_rate",)
 
   def init_param_state(self, param):
     if self.param_state is None:

@@ -11,12 +11,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from optcore._src.definitions import rates
 from optcore._src.definitions.base import OptimizerDef
 from optcore._src.definitions.wrapper import StateWrapper
 from optcore._src.ground import arguments as a
 from optcore._src.ground.checks import check_float_params
 from optcore._src.ground.declarations import Nested
-from optcore._src.ground.hyper_params import HyperParams
 from optcore._src.ground.state import OptimizerState
 
 PyTree = Any
@@ -69,42 +69,11 @@ def cautious_mask(updates: PyTree, grads: PyTree, normalization: str = "mean") -
   return jax.tree.map(one, updates, grads)
 
 
-def _without_decay(opt_def: OptimizerDef, hyper_params: Any) -> tuple[Any, bool]:
-  """``hyper_params`` (``opt_def``'s for this step) with every declared weight decay 0
-  (`OptimizerDef.weight_decay_names`): each group's of a MultiOptimizer, the wrapped
-  definition's of a wrapper, and each definition's among a factory's arguments (a ``chain``'s
-  members, ``schedule_free``'s base); and whether one was there and not a literal 0."""
-  if isinstance(hyper_params, (list, tuple)):  # one per group
-    pairs = [_without_decay(d, h) for d, h in zip(opt_def.children(), hyper_params, strict=True)]
-    return type(hyper_params)(h for h, _ in pairs), any(p for _, p in pairs)
-  wrapped = getattr(opt_def, "optimizer_def", None)  # a wrapper steps with its child's
-  if isinstance(wrapped, OptimizerDef):
-    return _without_decay(wrapped, hyper_params)
-  if not isinstance(hyper_params, HyperParams):
-    return hyper_params, False
-  decay = {n: 0.0 for n in opt_def.weight_decay_names() if n in hyper_params}
-  present = any(
-    not (isinstance(hyper_params[n], (int, float)) and hyper_params[n] == 0) for n in decay
-  )
-  nested = {}
-  for name, value in hyper_params.items():
-    if name not in decay:
-      bare, inside = _nested_without_decay(value)
-      if inside:
-        nested[name], present = bare, True
-  return (hyper_params.replace(**decay, **nested) if present else hyper_params), present
-
-
-def _nested_without_decay(value: Any) -> tuple[Any, bool]:
-  """A definition among a factory's arguments (or a list of them) without its decay."""
-  if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
-    pairs = [_nested_without_decay(v) for v in value]
-    return type(value)(v for v, _ in pairs), any(p for _, p in pairs)
-  rebuild = getattr(value, "with_hyper_params", None)  # a wrapped optax factory's
-  if isinstance(value, OptimizerDef) and rebuild is not None:
-    bare, present = _without_decay(value, value.hyper_params)
-    return (rebuild(bare) if present else value), present
-  return value, False
+def _no_decay(kind: str, value: Any) -> Any:
+  """A weight decay set to zero (a literal zero kept: the step has no decay to take out)."""
+  if kind != rates.WEIGHT_DECAY or (isinstance(value, (int, float)) and value == 0):
+    return value
+  return 0.0
 
 
 class Cautious(StateWrapper):
@@ -144,7 +113,7 @@ class Cautious(StateWrapper):
     updates, new_inner = self.optimizer_def.compute_updates(
       hyper_params, params, inner, grads, **extra_args
     )
-    bare, decays = _without_decay(self.optimizer_def, hyper_params)
+    bare, decays = rates.replace_rates(self.optimizer_def, hyper_params, _no_decay)
     if decays:
       direction, _ = self.optimizer_def.compute_updates(bare, params, inner, grads, **extra_args)
       masked = cautious_mask(direction, grads, self.normalization)
