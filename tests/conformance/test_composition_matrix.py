@@ -9,26 +9,22 @@ core face is held to a loop written by hand in `tests/core/test_wrapper_orders.p
 face's state dict restores into a fresh handle of the same face, which continues bitwise as
 the uninterrupted run does; and in the core face the state dict goes through a real orbax
 checkpoint and back.
+
+The faces are split over this file and `test_composition_matrix_faces.py`: pytest-xdist runs a
+file on one worker (``--dist loadfile``), and the whole matrix in one file (98 cases in six
+faces and orbax, about 690 tests) kept one worker busy for most of the cross-face variant while
+the other ran everything else.
 """
 
 from __future__ import annotations
 
 import pytest
-from composition import CALLS, CASES, build, grads, order_id, params
+from composition import CASES, FACES_IN_FIRST_FILE, build, case_id, check_face, params, train
 from faces import FACES
 from tree_testing import assert_trees_equal
 
-
-def case_id(case) -> str:
-  return order_id(*case)
-
-
-def train(face, opt_def, calls=CALLS, handle=None):
-  handle = face.create(opt_def, params()) if handle is None else handle
-  step = face.jit(face.step)
-  for i in range(calls):
-    handle = step(handle, grads(i), {})
-  return handle
+#: this file's faces; the others are test_composition_matrix_faces.py's
+HERE = FACES[:FACES_IN_FIRST_FILE]
 
 
 @pytest.fixture(scope="module")
@@ -37,22 +33,10 @@ def core_runs():
   return {case: train(FACES[0], build(*case)) for case in CASES}
 
 
-@pytest.mark.parametrize("face", FACES, ids=str)
+@pytest.mark.parametrize("face", HERE, ids=str)
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_each_composition_gives_the_core_numbers_and_resumes_in_every_face(case, face, core_runs):
-  opt_def = build(*case)
-  handle = train(face, opt_def)
-  core = core_runs[case]
-  assert_trees_equal(face.params(handle), core.target)
-  assert_trees_equal(face.state_dict(handle)["state"], core.state_dict()["state"])
-  if face.ema_params is not None and "ema" in case[0]:
-    assert_trees_equal(face.ema_params(handle), core.ema_params)
-  # A fresh handle restored from the state dict continues as the uninterrupted run.
-  fresh = face.restore(face.create(opt_def, face.params(handle)), face.state_dict(handle))
-  step = face.jit(face.step)
-  assert_trees_equal(
-    face.params(step(fresh, grads(CALLS), {})), face.params(step(handle, grads(CALLS), {}))
-  )
+  check_face(case, face, core_runs[case])
 
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
