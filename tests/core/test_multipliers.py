@@ -331,4 +331,6 @@ def test_the_committed_mup_data_is_what_mup_writes_now():
       c for c in CASES if "decoupled_wd" not in CASES[c][1]
     }
     for key in keys:
-      np.testing.assert_array_equal(REFERENCE[key], data[key], err_msg=key)
+      # torch picks its CPU kernels by instruction set: equal under AVX2 and AVX-512, 9.5e-7
+      # apart without vectorization (ATEN_CPU_CAPABILITY=default); held to twice that
+      np.testing.assert_allclose(REFERENCE[key], data[key], rtol=0, atol=2e-6, err_msg=key)
