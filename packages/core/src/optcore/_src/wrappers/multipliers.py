@@ -431,13 +431,11 @@ def _state_sources(
   for var, who in zip(jaxpr.invars, owner, strict=True):
     deps[var] = frozenset() if who is None else frozenset([who])
 
+  _propagate(jaxpr, deps)
+
   def of(v: Any) -> frozenset:
     return frozenset() if type(v).__name__ == "Literal" else deps.get(v, frozenset())
 
-  for eqn in jaxpr.eqns:
-    read = frozenset().union(*(of(v) for v in eqn.invars))
-    for v in eqn.outvars:
-      deps[v] = read
   sources: list[int | None] = []
   for j, v in enumerate(jaxpr.outvars):
     read = of(v)
@@ -456,6 +454,35 @@ def _state_sources(
     sources.append(None)
   _SOURCES[key] = tuple(sources)
   return _SOURCES[key]
+
+
+#: The parameter of a call-like equation that holds the program it calls (jit's, a custom
+#: derivative's): followed inside, so a jitted helper over the whole tree keeps each leaf's own.
+_CALLED = ("jaxpr", "call_jaxpr", "fun_jaxpr")
+
+
+def _propagate(jaxpr: Any, deps: dict[Any, frozenset]) -> None:
+  """Each variable of ``jaxpr`` mapped in ``deps`` to the inputs it reads, from its inputs'
+  (already in ``deps``): into a called program, output by output; any other equation with a
+  program inside (a loop, a branch) counts every input for every output."""
+
+  def of(v: Any) -> frozenset:
+    return frozenset() if type(v).__name__ == "Literal" else deps.get(v, frozenset())
+
+  for eqn in jaxpr.eqns:
+    called = next((eqn.params[k] for k in _CALLED if k in eqn.params), None)
+    inner = getattr(called, "jaxpr", called)
+    if inner is not None and hasattr(inner, "eqns") and len(inner.invars) == len(eqn.invars):
+      inner_deps: dict[Any, frozenset] = {
+        v: of(o) for v, o in zip(inner.invars, eqn.invars, strict=True)
+      }
+      _propagate(inner, inner_deps)
+      for v, o in zip(eqn.outvars, inner.outvars, strict=True):
+        deps[v] = frozenset() if type(o).__name__ == "Literal" else inner_deps.get(o, frozenset())
+      continue
+    read = frozenset().union(*(of(v) for v in eqn.invars))
+    for v in eqn.outvars:
+      deps[v] = read
 
 
 def multipliers(
