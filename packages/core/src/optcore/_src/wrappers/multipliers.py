@@ -5,6 +5,7 @@ wrapper protocol (`optcore._src.definitions.wrapper`), with no state of its own.
 
 from __future__ import annotations
 
+import collections
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -17,6 +18,7 @@ from optcore._src.axes import matrix_axes
 from optcore._src.definitions import rates
 from optcore._src.definitions.base import OptimizerDef
 from optcore._src.definitions.wrapper import StateWrapper
+from optcore._src.ground import arguments as a
 from optcore._src.ground import definition_tree, paths
 from optcore._src.ground.arguments import ArgumentError
 from optcore._src.ground.checks import check_float_params
@@ -151,6 +153,7 @@ class Multipliers(StateWrapper):
   #: The parameters' logical axes, where a rule or μP reads them (`create_sharded` tells them).
   param_logical_axes: Any = None
 
+  @a.declare(mup_rule=a.OneOf(MUP_RULES), fan_in=a.OneOf(FAN_IN), decoupled_wd=a.Flag())
   def __init__(self, optimizer_def: OptimizerDef, param_logical_axes: Any = None, **settings: Any):
     s = self.settings(settings)
     owner = self.name
@@ -158,17 +161,8 @@ class Multipliers(StateWrapper):
     self.wd_mults = _rules(owner, "wd_mults", s["wd_mults"])
     widths = _widths(owner, s["base_widths"])
     self.base_widths = None if widths is None else MappingProxyType(dict(widths))
-    for argument, options in (("mup_rule", MUP_RULES), ("fan_in", FAN_IN)):
-      if s[argument] not in options:
-        raise ArgumentError(
-          owner, argument, f"{argument} must be one of {list(options)}; got {s[argument]!r}."
-        )
     self.mup_rule = s["mup_rule"]
     self.fan_in = s["fan_in"]
-    if not isinstance(s["decoupled_wd"], bool):
-      raise ArgumentError(
-        owner, "decoupled_wd", f"decoupled_wd must be True or False; got {s['decoupled_wd']!r}."
-      )
     self.decoupled_wd = s["decoupled_wd"]
     self.param_logical_axes = param_logical_axes
     super().__init__(optimizer_def)
@@ -207,9 +201,12 @@ class Multipliers(StateWrapper):
       static_key(self.param_logical_axes),
     )
 
+  def _rules_by_axes(self) -> bool:
+    """Whether a rule's pattern is logical axes (not a path)."""
+    return any(not isinstance(p, str) for p, _ in (*self.lr_mults, *self.wd_mults))
+
   def _reads_axes(self) -> bool:
-    by_axes = any(not isinstance(p, str) for p, _ in (*self.lr_mults, *self.wd_mults))
-    return by_axes or self.base_widths is not None
+    return self._rules_by_axes() or self.base_widths is not None
 
   def reads_param_logical_axes(self) -> bool:
     return self._reads_axes() and self.param_logical_axes is None
@@ -260,19 +257,18 @@ class Multipliers(StateWrapper):
     Raises:
       TypeError: a rule or μP reads logical axes and none were given.
     """
-    return list(
-      self._factors(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params))
-    )
+    return list(self._factors(params))
 
-  def _factors(self, shapes: PyTree) -> tuple[tuple[float, float], ...]:
+  def _factors(self, params: PyTree) -> tuple[tuple[float, float], ...]:
+    """`factors` of ``params`` (arrays, tracers or shapes: only paths and shapes are read)."""
     if self.param_logical_axes is not None:
-      named, _ = matrix_axes.named_dimensions(self.name, shapes, self.param_logical_axes)
+      named, _ = matrix_axes.named_dimensions(self.name, params, self.param_logical_axes)
       leaves = [(leaf, names) for _, leaf, names in named]
     else:
-      leaves = [(leaf, None) for leaf in jax.tree.leaves(shapes)]
-    by_axes = any(not isinstance(p, str) for p, _ in (*self.lr_mults, *self.wd_mults))
+      leaves = [(leaf, None) for leaf in jax.tree.leaves(params)]
+    by_axes = self._rules_by_axes()
     out = []
-    for path, (leaf, names) in zip(_leaf_paths(shapes), leaves, strict=True):
+    for path, (leaf, names) in zip(_leaf_paths(params), leaves, strict=True):
       axes = (
         None if names is None else tuple(matrix_axes.single_name(self.name, path, n) for n in names)
       )
@@ -298,10 +294,7 @@ class Multipliers(StateWrapper):
     return rates.replace_rates(self.optimizer_def, hyper_params, replace)[0]
 
   def _groups(self, params: PyTree, grads: PyTree) -> tuple[list[tuple[float, float]], list]:
-    shapes = jax.tree.map(
-      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params if params is not None else grads
-    )
-    factors = list(self._factors(shapes))
+    factors = list(self._factors(params if params is not None else grads))
     groups = sorted(set(factors), key=lambda f: (f != (1.0, 1.0), f))  # the plain one first
     return factors, groups
 
@@ -343,7 +336,8 @@ class Multipliers(StateWrapper):
   def compute_updates(self, hyper_params, params, state, grads, **extra_args):
     """The wrapped step's updates, each leaf's computed with its own learning rates and weight
     decays (every one the definition declares, in its groups, members and wrapped definitions
-    too); the state is the wrapped definition's, which reads no rate (checked once)."""
+    too); the state is the wrapped definition's, each leaf of it from its own parameter's run
+    (`_state_sources`)."""
     return self._run("compute_updates", hyper_params, params, state, grads, **extra_args)
 
   def apply_gradient(self, hyper_params, params, state, grads, **extra_args):
@@ -356,10 +350,8 @@ class Multipliers(StateWrapper):
     inner = self._inner_state(state)
     base = self.optimizer_def.current_hyper_params(inner)
     out = dict(self.optimizer_def.leaf_hyper_params(inner, params))
-    shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), paths.unbox(params))
-    names = _leaf_paths(shapes)
     lr_names, wd_names = _declared_names(self.optimizer_def)
-    for path, (lr, wd) in zip(names, self._factors(shapes), strict=True):
+    for path, (lr, wd) in zip(_leaf_paths(params), self._factors(params), strict=True):
       for name, value in base.items():
         leaf_name = name.rsplit("/", 1)[-1]
         factor = lr if leaf_name in lr_names else wd if leaf_name in wd_names else 1.0
@@ -391,7 +383,10 @@ def _declared_names(opt_def: OptimizerDef) -> tuple[set[str], set[str]]:
   return lr, wd
 
 
-_SOURCES: dict[Any, tuple[int | None, ...]] = {}
+#: `_state_sources`' answers, oldest first, at most `_SOURCES_KEPT` (a jitted step retraces with
+#: the same shapes; as `overrides`' checks are kept).
+_SOURCES: collections.OrderedDict[Any, tuple[int | None, ...]] = collections.OrderedDict()
+_SOURCES_KEPT = 256
 
 
 def _state_sources(
@@ -401,9 +396,8 @@ def _state_sources(
   index of the one parameter whose gradient or value it reads), or None for one that reads
   none or several (a count, a global norm's) and so must read no rate.
 
-  Read from the step's program (which inputs each state output depends on, forward through its
-  equations; an equation with a program inside counts every input for every output), once per
-  definition and shapes.
+  Read from the step's program (which inputs each state output depends on, `_propagate`), once
+  per definition and shapes (the last `_SOURCES_KEPT` kept).
 
   Raises:
     TypeError: a state leaf of no single parameter reads a learning rate or weight decay
@@ -414,6 +408,7 @@ def _state_sources(
   )
   key = (wrapper, static_key(jax.tree.map(lambda x: (x.shape, x.dtype.str), shapes)))
   if key in _SOURCES:
+    _SOURCES.move_to_end(key)
     return _SOURCES[key]
 
   def next_state(lr: Any, wd: Any, p: Any, s: Any, g: Any) -> Any:
@@ -452,8 +447,10 @@ def _state_sources(
         "state instead: optcore.MultiOptimizer((selector, definition with its rate), ...)."
       )
     sources.append(None)
-  _SOURCES[key] = tuple(sources)
-  return _SOURCES[key]
+  _SOURCES[key] = found = tuple(sources)
+  if len(_SOURCES) > _SOURCES_KEPT:
+    _SOURCES.popitem(last=False)
+  return found
 
 
 #: The parameter of a call-like equation that holds the program it calls (jit's, a custom
