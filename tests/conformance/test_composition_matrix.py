@@ -19,18 +19,12 @@ the other ran everything else.
 from __future__ import annotations
 
 import pytest
-from composition import CASES, FACES_IN_FIRST_FILE, build, case_id, check_face, params, train
+from composition import CASES, FACES_IN_FIRST_FILE, build, case_id, check_face, params
 from faces import FACES
 from tree_testing import assert_trees_equal
 
 #: this file's faces; the others are test_composition_matrix_faces.py's
 HERE = FACES[:FACES_IN_FIRST_FILE]
-
-
-@pytest.fixture(scope="module")
-def core_runs():
-  """The core face's run of each case, computed once for every face's comparison."""
-  return {case: train(FACES[0], build(*case)) for case in CASES}
 
 
 @pytest.mark.parametrize("face", HERE, ids=str)

@@ -4,17 +4,11 @@ the faces that file leaves to this one, so that two pytest-xdist workers share t
 from __future__ import annotations
 
 import pytest
-from composition import CASES, FACES_IN_FIRST_FILE, build, case_id, check_face, train
+from composition import CASES, FACES_IN_FIRST_FILE, case_id, check_face
 from faces import FACES
 
 #: this file's faces; test_composition_matrix.py has the others
 HERE = FACES[FACES_IN_FIRST_FILE:]
-
-
-@pytest.fixture(scope="module")
-def core_runs():
-  """The core face's run of each case, computed once for every face's comparison."""
-  return {case: train(FACES[0], build(*case)) for case in CASES}
 
 
 @pytest.mark.parametrize("face", HERE, ids=str)
