@@ -187,6 +187,7 @@ FLOAT_SENSITIVE = {
     "tests/core/test_muon_at_scale.py",
     "tests/core/test_kron.py",
     "tests/core/test_multipliers.py",
+    "tests/core/test_qk_clip.py",
   ],
   "flax": [
     "tests/flax/test_matrix_optimizers_flax.py",
@@ -385,6 +386,9 @@ FIELD_REFERENCE = ["zclip==1.0.0"]
 #: serve its plotting, which the reference does not import.
 MUP_REFERENCE = ["pyyaml>=6"]
 MUP_REFERENCE_NO_DEPS = ["mup==1.0.0"]
+#: Megatron-LM's QK-clip (make_qk_clip_reference.py): its methods import torch, numpy and
+#: packaging only; its other pins (a CUDA stack's) are not needed on CPU.
+QK_CLIP_REFERENCE_NO_DEPS = ["megatron-core==0.16.1"]
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
 
@@ -392,9 +396,9 @@ TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 def reference(session: nox.Session) -> None:
   """bitsandbytes and torchao (torch on CPU) write the low-bit reference data anew, the
   committed file must equal it, and low_bit_state's tests run against it; zclip and mup write
-  their trajectories anew and the committed ones must equal them: one Python, one environment,
-  apart from the test matrix. torch's CPU wheel comes from pip's find-links
-  (PIP_FIND_LINKS, a local wheel) where it is set, else from PyTorch's CPU index."""
+  their trajectories anew, Megatron-LM its QK-clip, and the committed ones must equal them:
+  one Python, one environment, apart from the test matrix. torch's CPU wheel comes from pip's
+  find-links (PIP_FIND_LINKS, a local wheel) where it is set, else from PyTorch's CPU index."""
   sync(session, "optcore", "test")
   links = os.environ.get("PIP_FIND_LINKS")
   where = ["--find-links", links] if links else ["--extra-index-url", TORCH_CPU_INDEX]
@@ -404,7 +408,7 @@ def reference(session: nox.Session) -> None:
   )  # fmt: skip
   session.run_install(
     uv(session), "pip", "install", "--python", session.virtualenv.location, "--no-deps",
-    *MUP_REFERENCE_NO_DEPS, external=True,
+    *MUP_REFERENCE_NO_DEPS, *QK_CLIP_REFERENCE_NO_DEPS, external=True,
   )  # fmt: skip
   fresh = os.path.join(session.create_tmp(), "low_bit_reference.npz")
   session.run("python", "tests/reference_data/make_low_bit_reference.py", fresh)
@@ -413,15 +417,19 @@ def reference(session: nox.Session) -> None:
   session.run("python", script, "--zclip-only", field)
   mup = os.path.join(session.create_tmp(), "mup_reference.npz")
   session.run("python", "tests/reference_data/make_mup_reference.py", mup)
+  qk_clip = os.path.join(session.create_tmp(), "qk_clip_reference.npz")
+  session.run("python", "tests/reference_data/make_qk_clip_reference.py", qk_clip)
   env = {
     "OPTCORE_LOW_BIT_REFERENCE": fresh,
     "OPTCORE_FIELD_REFERENCE": field,
     "OPTCORE_MUP_REFERENCE": mup,
+    "OPTCORE_QK_CLIP_REFERENCE": qk_clip,
   }
   tests = [
     "tests/core/test_low_bit_state.py",
     "tests/core/test_field_optimizers.py",
     "tests/core/test_multipliers.py",
+    "tests/core/test_qk_clip.py",
   ]
   run_pytest(session, tests, env=env)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
-from composition import CALLS, ORDERS, build, grads, order_id, params
+from composition import CALLS, ORDERS, build, grads, order_id, params, step_arguments
 from faces import FACES
 from jax.sharding import Mesh
 from tree_testing import assert_trees_within_ulps
@@ -26,10 +26,12 @@ def test_each_composition_on_the_mesh_in_every_face(order, face, cpu_devices):
     build(order), params(), mesh, state_axis="data", state_memory_kind="pinned_host"
   )
   step = face.jit(face.step)
-  reference = build(order).create(params())
-  one_device = jax.jit(lambda o, g: o.apply_gradient(g))
+  opt_def = build(order)
+  reference = opt_def.create(params())
+  one_device = jax.jit(lambda o, g, kw: o.apply_gradient(g, **kw))
   for i in range(CALLS):
-    handle, reference = step(handle, grads(i), {}), one_device(reference, grads(i))
+    handle = step(handle, grads(i), step_arguments(opt_def, face.name, i))
+    reference = one_device(reference, grads(i), step_arguments(opt_def, "core", i))
   assert_trees_within_ulps(face.params(handle), reference.target)
   state = [x for x in jax.tree.leaves(face.state_dict(handle)["state"]) if x.ndim]
   assert {x.sharding.memory_kind for x in state} == {"pinned_host"}

@@ -13,6 +13,7 @@ import os
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 import optcore
 
@@ -31,6 +32,14 @@ WRAPPERS = {
   "zclip": lambda d: optcore.zclip(d, warmup_steps=2),
   # The bias at twice the kernel's rate: two runs of the wrapped step, a leaf from each.
   "multipliers": lambda d: optcore.multipliers(d, lr_mults=[("bias", 2.0)]),
+  # Three heads: the kernel's columns a query, the bias a key; two heads above tau each call.
+  "qk_clip": lambda d: optcore.qk_clip(
+    d,
+    1.0,
+    query="kernel",
+    key="bias",
+    param_logical_axes={"kernel": P(None, "heads"), "bias": P("heads")},
+  ),
 }
 ALGORITHMS = {
   "adam": lambda: optcore.adam(1e-2),
@@ -46,12 +55,15 @@ FULL = os.environ.get("OPTCORE_FULL_MATRIX") == "1"
 # the gradient, multipliers set the rates) are paired with the state-changing ones only: their
 # pairs with the observers
 # (skip_bad_steps, with_statistics, stochastic_rounding) repeat programs the matrix has.
-SHAPING = ("cautious", "zclip", "multipliers")
+SHAPING = ("cautious", "zclip", "multipliers", "qk_clip")
+# Orders refused at construction, by design: qk_clip around accumulate would rescale the heads on
+# every micro-batch's call (tests/core/test_qk_clip.py checks the refusal).
+REFUSED = {("qk_clip", "accumulate")}
 SINGLES = [(w,) for w in WRAPPERS]
 PAIRS = [
   pair
   for pair in itertools.permutations(WRAPPERS, 2)
-  if not set(pair) & set(SHAPING) or set(pair) & set(STATE_CHANGING)
+  if (not set(pair) & set(SHAPING) or set(pair) & set(STATE_CHANGING)) and pair not in REFUSED
 ]
 CHANGING_PAIRS = list(itertools.permutations(STATE_CHANGING, 2))
 # (order, algorithm) on one device. Every Python: each wrapper alone around each algorithm. The
@@ -102,12 +114,28 @@ def case_id(case) -> str:
   return order_id(*case)
 
 
+def qk_logits(i: int) -> dict:
+  """Call ``i``'s per-head maximum logits for the ``qk_clip`` row (the model is the module)."""
+  return {"": jnp.array([2.0 + i, 0.5, 1.5], F32)}
+
+
+def step_arguments(opt_def, face_name: str, i: int) -> dict:
+  """The keywords of call ``i``'s step in a face: the extra arguments ``opt_def`` declares it
+  reads (`OptimizerDef.extra_arg_names`), in the face's own spelling (the NNX face's and
+  optax's ``update(..., qk_logits=...)``, every other's ``extra_args=``)."""
+  reads = opt_def.extra_arg_names()
+  if reads is None or "qk_logits" not in reads:
+    return {}
+  extra = {"qk_logits": qk_logits(i)}
+  return extra if face_name == "nnx" else {"extra_args": extra}
+
+
 def train(face, opt_def, calls=CALLS, handle=None):
   """``calls`` jitted steps of ``opt_def`` in ``face`` from `params` (or on from ``handle``)."""
   handle = face.create(opt_def, params()) if handle is None else handle
   step = face.jit(face.step)
   for i in range(calls):
-    handle = step(handle, grads(i), {})
+    handle = step(handle, grads(i), step_arguments(opt_def, face.name, i))
   return handle
 
 
@@ -125,6 +153,7 @@ def check_face(case, face, core) -> None:
     assert_trees_equal(face.ema_params(handle), core.ema_params)
   fresh = face.restore(face.create(opt_def, face.params(handle)), face.state_dict(handle))
   step = face.jit(face.step)
+  more = step_arguments(opt_def, face.name, CALLS)
   assert_trees_equal(
-    face.params(step(fresh, grads(CALLS), {})), face.params(step(handle, grads(CALLS), {}))
+    face.params(step(fresh, grads(CALLS), more)), face.params(step(handle, grads(CALLS), more))
   )

@@ -138,6 +138,9 @@ from optcore._src.wrappers.mixed_precision import mixed_precision as mixed_preci
 from optcore._src.wrappers.multipliers import Multipliers as Multipliers
 from optcore._src.wrappers.multipliers import multipliers as multipliers
 from optcore._src.wrappers.multipliers import mup as mup
+from optcore._src.wrappers.qk_clip import QKClip as QKClip
+from optcore._src.wrappers.qk_clip import QKClipState as QKClipState
+from optcore._src.wrappers.qk_clip import qk_clip as qk_clip
 from optcore._src.wrappers.skip import SkipBadSteps as SkipBadSteps
 from optcore._src.wrappers.skip import SkipState as SkipState
 from optcore._src.wrappers.skip import skip_bad_steps as skip_bad_steps
@@ -222,6 +225,8 @@ __all__ = [
   "ParamShaped",
   "PartitionRuleError",
   "Placement",
+  "QKClip",
+  "QKClipState",
   "QuantizedArray",
   "Replicated",
   "SecondMoment",
@@ -290,6 +295,7 @@ __all__ = [
   "optimistic_gradient_descent",
   "partitioning",
   "polyak_sgd",
+  "qk_clip",
   "radam",
   "register_hidden_level",
   "register_selector_type",

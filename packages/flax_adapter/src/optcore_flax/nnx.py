@@ -136,7 +136,9 @@ class Optimizer(nnx.Optimizer):
       model, grads = held, model
     params = nnx.as_pure(self._wrt_state(model))
     grad_arrays = nnx.as_pure(self._wrt_state(grads))
-    overrides, extra = adapter.split_update_arguments(nnx.as_pure(kwargs))
+    overrides, extra = adapter.split_update_arguments(
+      nnx.as_pure(kwargs), self.optimizer_def.extra_arg_names()
+    )
     # adapter.step checks the gradients (a wrong one named by path), honours or refuses each
     # override and keeps host-memory state where it lives; the new parameters are the
     # definition's own (bitwise the core face's; for optax, optax.apply_updates as Flax's).

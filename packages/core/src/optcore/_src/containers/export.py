@@ -12,26 +12,23 @@ from jax.sharding import PartitionSpec
 
 from optcore._src.containers.step import apply_step
 from optcore._src.ground import paths
-from optcore._src.ground.hyper_params import KNOWN_ALIASES
+from optcore._src.ground.hyper_params import KNOWN_ALIASES, OPTAX_EXTRA_ARGS
 from optcore._src.ground.user_warnings import warn
 
 PyTree = Any
 
-# The extra update arguments optax's own transformations read (lbfgs and its line search,
-# polyak_sgd, reduce_on_plateau): passed on to a wrapped optax transformation, ignored by the
-# others as optax's ignore them. Every other keyword of ``update`` names a hyper-parameter
-# (``nnx.Optimizer.update(model, grads, learning_rate=lr)``): honoured for that step, or
-# refused as `OptimizerDef.update_hyper_params` refuses it (a typo never passes silently).
-OPTAX_EXTRA_ARGS = frozenset({"value", "grad", "value_fn"})
 
-
-def split_update_arguments(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-  """``(hyper_param_overrides, optax_extra_args)`` from the keywords of an ``update``:
-  optax's extra arguments are ``value``, ``grad`` and ``value_fn``; every other keyword is an
-  override, for `step` to honour or refuse.
+def split_update_arguments(
+  kwargs: dict[str, Any], reads: frozenset[str] | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+  """``(hyper_param_overrides, extra_args)`` from the keywords of an ``update``: optax's extra
+  arguments (``value``, ``grad``, ``value_fn``) and those the definition declares it reads
+  (``reads``, `OptimizerDef.extra_arg_names`: `qk_clip`'s ``qk_logits``) are extra arguments;
+  every other keyword is an override, for `step` to honour or refuse.
 
   Args:
     kwargs: the keywords an ``update`` was given.
+    reads: the definition's `OptimizerDef.extra_arg_names` (None: optax's only).
 
   Returns:
     ``(overrides, extra_args)``, two dicts.
@@ -41,8 +38,9 @@ def split_update_arguments(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict
     >>> adapter.split_update_arguments({'learning_rate': 0.1, 'value': 2.0})
     ({'learning_rate': 0.1}, {'value': 2.0})
   """
-  extra = {k: v for k, v in kwargs.items() if k in OPTAX_EXTRA_ARGS}
-  return {k: v for k, v in kwargs.items() if k not in OPTAX_EXTRA_ARGS}, extra
+  names = OPTAX_EXTRA_ARGS | (reads or frozenset())
+  extra = {k: v for k, v in kwargs.items() if k in names}
+  return {k: v for k, v in kwargs.items() if k not in names}, extra
 
 
 def optax_update_arguments(

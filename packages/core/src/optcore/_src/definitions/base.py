@@ -102,6 +102,11 @@ class OptimizerDef(
   #: Adafactor and the T5X face) do; the core's optax wrappers refuse both.
   legacy_state_dicts: bool = True
 
+  #: Whether every call of the step moves the parameters by this call's gradients: not for one
+  #: that holds them over several calls (`accumulate`), which `qk_clip` (a rescaling after each
+  #: real step) refuses to wrap.
+  steps_every_call: bool = True
+
   #: The flags above: a definition that wraps another (`accumulate`, `ema`, ...) takes each
   #: from the definition it wraps unless it declares that it changes it.
   FLAGS: tuple[str, ...] = (
@@ -112,6 +117,7 @@ class OptimizerDef(
     "constructor_only",
     "none_means_off",
     "legacy_state_dicts",
+    "steps_every_call",
   )
 
   #: The hyper-parameters: one `HyperParams`, or for a definition of groups (`MultiOptimizer`)

@@ -34,9 +34,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.core import Tracer
 
-from optcore._src.axes import optax_rules
+from optcore._src.axes import matrix_axes, optax_rules
+from optcore._src.axes.partition_rules import PartitionRuleError
 from optcore._src.definitions.base import OptimizerDef
-from optcore._src.ground import declarations, definition_tree
+from optcore._src.ground import declarations, definition_tree, paths
 from optcore._src.ground.declarations import Nested as Nested
 from optcore._src.ground.declarations import ParamShaped as ParamShaped
 from optcore._src.ground.declarations import Replicated as Replicated
@@ -243,6 +244,68 @@ class StateWrapper(Wrapper):
 
   def check_state_values(self, state: OptimizerState, where: str = "state/param_states") -> None:
     self.optimizer_def.check_state_values(self._inner_state(state), f"{where}/inner")
+
+
+class ReadsParamAxes:
+  """For a wrapper that reads the parameters' logical axes (`multipliers`' rules by axes,
+  `qk_clip`'s heads): told them once by `create_sharded` (or given ``param_logical_axes=``),
+  kept in its static key, and read per leaf by `named_leaves`."""
+
+  name: ClassVar[str]
+  #: The parameters' logical axes, once told (`create_sharded` tells them).
+  param_logical_axes: Any = None
+
+  def _reads_axes(self) -> bool:
+    """Whether this wrapper, as configured, reads the axes at all."""
+    return True
+
+  def reads_param_logical_axes(self) -> bool:
+    return self._reads_axes() and self.param_logical_axes is None
+
+  def with_param_logical_axes(self, param_logical_axes: PyTree) -> OptimizerDef:
+    told = super().with_param_logical_axes(param_logical_axes)  # type: ignore[misc]
+    if self.reads_param_logical_axes():
+      told = told._renewed() if told is self else told
+      told.param_logical_axes = param_logical_axes
+    return told
+
+  def named_leaves(self, params: PyTree) -> list[tuple[str, Any, tuple[str | None, ...] | None]]:
+    """``(path, leaf, axes)`` per leaf of ``params`` in flatten order: its ``/``-joined path
+    (`paths.leaves_with_names`: every face's names), and its logical axis names, one per
+    dimension (None where none were told). The axes are in the parameters' structure, or a
+    nested mapping by those names (``{'attn': {'query': {'kernel': P(...)}}}`` for any face's
+    model, an Equinox module's or a treeo Tree's alike).
+
+    Raises:
+      optcore.PartitionRuleError: axes that do not fit the parameters.
+    """
+    named_paths = [names for names, _ in paths.leaves_with_names(params)[0]]
+    leaf_paths = ["/".join(names) for names in named_paths]
+    axes = self.param_logical_axes
+    if axes is None:
+      leaves = jax.tree.leaves(params)
+      return [(path, leaf, None) for path, leaf in zip(leaf_paths, leaves, strict=True)]
+    try:
+      named, _ = matrix_axes.named_dimensions(self.name, params, axes)
+    except PartitionRuleError:
+      if not isinstance(axes, Mapping):
+        raise
+      by_name = {}
+      for names in named_paths:  # the same axes, keyed by the names every face gives a leaf
+        node = axes
+        for name in names:
+          node = node.get(name) if isinstance(node, Mapping) else None
+        by_name[names] = node
+      if any(v is None for v in by_name.values()):
+        raise
+      named, _ = matrix_axes.named_dimensions(
+        self.name, params, jax.tree.unflatten(jax.tree.structure(params), list(by_name.values()))
+      )
+    out = []
+    for path, (_, leaf, names) in zip(leaf_paths, named, strict=True):
+      entries = names or ()  # no is_leaf: every leaf has its entries
+      out.append((path, leaf, tuple(matrix_axes.single_name(self.name, path, n) for n in entries)))
+    return out
 
 
 def _setting_repr(value: Any) -> str:

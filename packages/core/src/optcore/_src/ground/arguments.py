@@ -40,6 +40,7 @@ import dataclasses
 import functools
 import inspect
 import math
+import re
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -282,7 +283,53 @@ class Flag:
     raise ArgumentError(owner, name, f"{name} must be True or False; got {value!r:.60}.")
 
 
-Spec = Number | Numbers | OneOf | Flag
+@dataclasses.dataclass(frozen=True)
+class Regex:
+  """A regular expression, matched against a parameter's whole ``/``-joined path
+  (``'.*/query/kernel'``)."""
+
+  def expected(self) -> str:
+    return "a regular expression over a parameter's path, matched whole ('(.*/)?query/kernel')"
+
+  def check(self, owner: str, name: str, value: Any) -> Any:
+    if not isinstance(value, str):
+      raise ArgumentError(owner, name, f"{name} must be {self.expected()}; got {value!r:.60}.")
+    try:
+      re.compile(value)
+    except re.error as e:
+      raise ArgumentError(
+        owner, name, f"{name}: {value!r} is not a regular expression ({e})."
+      ) from None
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class AxisNames:
+  """Logical axis names (``('layers', 'heads')``), at least one, none twice; a single name is
+  one name's tuple, a list is stored as a tuple. ``one``: exactly one name, stored as it is."""
+
+  one: bool = False
+
+  def expected(self) -> str:
+    if self.one:
+      return "one logical axis name ('kv_heads')"
+    return "logical axis names, at least one and none twice (('heads',))"
+
+  def check(self, owner: str, name: str, value: Any) -> Any:
+    names = (value,) if isinstance(value, str) else value
+    ok = (
+      isinstance(names, collections.abc.Sequence)
+      and len(names) > 0
+      and all(isinstance(n, str) and n for n in names)
+      and len(set(names)) == len(names)
+      and (len(names) == 1 or not self.one)
+    )
+    if not ok:
+      raise ArgumentError(owner, name, f"{name} must be {self.expected()}; got {value!r:.60}.")
+    return names[0] if self.one else tuple(names)
+
+
+Spec = Number | Numbers | OneOf | Flag | Regex | AxisNames
 
 #: The declarations used most, by what they mean.
 DECAY = Number(0, 1, high_open=True)  # a moment's or an average's decay: [0, 1)

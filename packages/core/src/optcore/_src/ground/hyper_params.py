@@ -168,6 +168,14 @@ def _function_key(fn: types.FunctionType, seen: frozenset) -> Any:
   )
 
 
+# The extra update arguments optax's own transformations read (lbfgs and its line search,
+# polyak_sgd, reduce_on_plateau): passed on to a wrapped optax transformation, ignored by the
+# others as optax's ignore them. Every other keyword of ``update`` names a hyper-parameter
+# (``nnx.Optimizer.update(model, grads, learning_rate=lr)``), or an extra argument a definition
+# declares it reads (`OptimizerDef.extra_arg_names`): honoured for that step, or refused as
+# `OptimizerDef.update_hyper_params` refuses it (a typo never passes silently).
+OPTAX_EXTRA_ARGS = frozenset({"value", "grad", "value_fn"})
+
 #: Names other libraries give hyper-parameters (PyTorch, Keras, flax.optim) -> optax's names for
 #: them; an error naming one of these says which keyword optcore takes instead.
 KNOWN_ALIASES: dict[str, tuple[str, ...]] = {

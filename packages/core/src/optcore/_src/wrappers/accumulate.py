@@ -43,6 +43,9 @@ class Accumulate(StateWrapper):
 
   name = "accumulate"
   state_type = AccumulateState
+  changes: ClassVar = MappingProxyType(
+    {"per_parameter_state": False, "elementwise": False, "steps_every_call": False}
+  )
   config_arguments: ClassVar = MappingProxyType({"every": REQUIRED, "dtype": jnp.float32})
 
   @a.declare(every=a.COUNT)  # the gradients averaged per update

@@ -14,12 +14,11 @@ from typing import Any, ClassVar, NamedTuple
 
 import jax
 
-from optcore._src.axes import matrix_axes
 from optcore._src.definitions import rates
 from optcore._src.definitions.base import OptimizerDef
-from optcore._src.definitions.wrapper import StateWrapper
+from optcore._src.definitions.wrapper import ReadsParamAxes, StateWrapper
 from optcore._src.ground import arguments as a
-from optcore._src.ground import definition_tree, paths
+from optcore._src.ground import definition_tree
 from optcore._src.ground.arguments import ArgumentError
 from optcore._src.ground.checks import check_float_params
 from optcore._src.ground.declarations import Nested
@@ -133,7 +132,7 @@ class MultipliersState(NamedTuple):
   inner: Nested
 
 
-class Multipliers(StateWrapper):
+class Multipliers(ReadsParamAxes, StateWrapper):
   """``optimizer_def`` with per-parameter rates: see `multipliers` and `mup`."""
 
   name = "multipliers"
@@ -150,8 +149,6 @@ class Multipliers(StateWrapper):
       "fan_in": "first",
     }
   )
-  #: The parameters' logical axes, where a rule or μP reads them (`create_sharded` tells them).
-  param_logical_axes: Any = None
 
   @a.declare(mup_rule=a.OneOf(MUP_RULES), fan_in=a.OneOf(FAN_IN), decoupled_wd=a.Flag())
   def __init__(self, optimizer_def: OptimizerDef, param_logical_axes: Any = None, **settings: Any):
@@ -208,16 +205,6 @@ class Multipliers(StateWrapper):
   def _reads_axes(self) -> bool:
     return self._rules_by_axes() or self.base_widths is not None
 
-  def reads_param_logical_axes(self) -> bool:
-    return self._reads_axes() and self.param_logical_axes is None
-
-  def with_param_logical_axes(self, param_logical_axes: PyTree) -> OptimizerDef:
-    told = super().with_param_logical_axes(param_logical_axes)
-    if self.reads_param_logical_axes():
-      told = told._renewed() if told is self else told
-      told.param_logical_axes = param_logical_axes  # type: ignore[attr-defined]
-    return told
-
   # What each parameter gets
 
   def _mup(self, path: str, shape: tuple, names: tuple | None) -> tuple[float, float]:
@@ -261,17 +248,9 @@ class Multipliers(StateWrapper):
 
   def _factors(self, params: PyTree) -> tuple[tuple[float, float], ...]:
     """`factors` of ``params`` (arrays, tracers or shapes: only paths and shapes are read)."""
-    if self.param_logical_axes is not None:
-      named, _ = matrix_axes.named_dimensions(self.name, params, self.param_logical_axes)
-      leaves = [(leaf, names) for _, leaf, names in named]
-    else:
-      leaves = [(leaf, None) for leaf in jax.tree.leaves(params)]
     by_axes = self._rules_by_axes()
     out = []
-    for path, (leaf, names) in zip(_leaf_paths(params), leaves, strict=True):
-      axes = (
-        None if names is None else tuple(matrix_axes.single_name(self.name, path, n) for n in names)
-      )
+    for path, leaf, axes in self.named_leaves(params):
       if axes is None and by_axes:
         raise TypeError(
           f"multipliers: a rule names logical axes, and none were given for {path!r}: pass "
@@ -351,19 +330,14 @@ class Multipliers(StateWrapper):
     base = self.optimizer_def.current_hyper_params(inner)
     out = dict(self.optimizer_def.leaf_hyper_params(inner, params))
     lr_names, wd_names = _declared_names(self.optimizer_def)
-    for path, (lr, wd) in zip(_leaf_paths(params), self._factors(params), strict=True):
+    named = self.named_leaves(params)
+    for (path, _, _), (lr, wd) in zip(named, self._factors(params), strict=True):
       for name, value in base.items():
         leaf_name = name.rsplit("/", 1)[-1]
         factor = lr if leaf_name in lr_names else wd if leaf_name in wd_names else 1.0
         if factor != 1.0:
           out[f"{path}/{name}"] = value * factor
     return out
-
-
-def _leaf_paths(tree: PyTree) -> list[str]:
-  """Each leaf's path, its names joined by ``/`` (``'encoder/attn/kernel'``), in flatten order:
-  the names every face gives a parameter (a framework's hidden levels left out)."""
-  return ["/".join(names) for names, _ in paths.leaves_with_names(tree)[0]]
 
 
 def optimizer_def_rates(opt_def: OptimizerDef) -> bool:
