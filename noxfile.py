@@ -188,6 +188,7 @@ FLOAT_SENSITIVE = {
     "tests/core/test_kron.py",
     "tests/core/test_multipliers.py",
     "tests/core/test_qk_clip.py",
+    "tests/core/test_diloco.py",
   ],
   "flax": [
     "tests/flax/test_matrix_optimizers_flax.py",

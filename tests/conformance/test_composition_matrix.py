@@ -19,7 +19,7 @@ the other ran everything else.
 from __future__ import annotations
 
 import pytest
-from composition import CASES, FACES_IN_FIRST_FILE, build, case_id, check_face, params
+from composition import CASES, FACES_IN_FIRST_FILE, build, case_id, check_face, params_for
 from faces import FACES
 from tree_testing import assert_trees_equal
 
@@ -40,6 +40,6 @@ def test_each_composition_round_trips_through_orbax(case, core_runs, tmp_path):
   checkpointer = ocp.StandardCheckpointer()
   checkpointer.save(tmp_path / "ckpt", core.state_dict())
   checkpointer.wait_until_finished()
-  fresh = build(*case).create(params())
+  fresh = build(*case).create(params_for(build(*case)))
   restored = fresh.restore_state(checkpointer.restore(tmp_path / "ckpt", fresh.state_dict()))
   assert_trees_equal(restored.state_dict(), core.state_dict())

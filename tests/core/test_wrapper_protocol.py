@@ -237,9 +237,15 @@ def test_each_wrappers_own_fields_take_the_axes_its_state_type_declares():
   is_spec = lambda x: isinstance(x, P)
   for name, make in TABLE.items():
     opt_def = make(optcore.adam(1e-2))
-    opt = opt_def.create(params)
+    if opt_def.stacked_replicas:  # diloco: two replicas; its own fields are one replica's
+      stacked = jax.tree.map(lambda p: jnp.stack([p, p]), params)
+      stacked_axes = jax.tree.map(lambda s: P("replica", *s), axes, is_leaf=is_spec)
+      opt = opt_def.create(stacked)
+      derived = opt_def.derive_logical_axes(opt, stacked_axes).state.param_states
+    else:
+      opt = opt_def.create(params)
+      derived = opt_def.derive_logical_axes(opt, axes).state.param_states
     state = opt.state.param_states
-    derived = opt_def.derive_logical_axes(opt, axes).state.param_states
     for field in state._fields[1:]:
       leaves = jax.tree_util.tree_leaves_with_path(getattr(state, field))
       specs = jax.tree.leaves(getattr(derived, field), is_leaf=is_spec)

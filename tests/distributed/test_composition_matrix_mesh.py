@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
-from composition import CALLS, ORDERS, build, grads, order_id, params, step_arguments
+from composition import CALLS, ORDERS, build, grads_for, order_id, params_for, step_arguments
 from faces import FACES
 from jax.sharding import Mesh
 from tree_testing import assert_trees_within_ulps
@@ -22,16 +22,16 @@ from tree_testing import assert_trees_within_ulps
 def test_each_composition_on_the_mesh_in_every_face(order, face, cpu_devices):
   # The (2, 3) kernel: a 2-way data axis splits it, the 4-way other axis replicates.
   mesh = Mesh(np.array(cpu_devices).reshape(2, 4), ("data", "other"))
+  opt_def = build(order)
   handle = face.create_sharded(
-    build(order), params(), mesh, state_axis="data", state_memory_kind="pinned_host"
+    opt_def, params_for(opt_def), mesh, state_axis="data", state_memory_kind="pinned_host"
   )
   step = face.jit(face.step)
-  opt_def = build(order)
-  reference = opt_def.create(params())
+  reference = opt_def.create(params_for(opt_def))
   one_device = jax.jit(lambda o, g, kw: o.apply_gradient(g, **kw))
   for i in range(CALLS):
-    handle = step(handle, grads(i), step_arguments(opt_def, face.name, i))
-    reference = one_device(reference, grads(i), step_arguments(opt_def, "core", i))
+    handle = step(handle, grads_for(opt_def, i), step_arguments(opt_def, face.name, i))
+    reference = one_device(reference, grads_for(opt_def, i), step_arguments(opt_def, "core", i))
   assert_trees_within_ulps(face.params(handle), reference.target)
   state = [x for x in jax.tree.leaves(face.state_dict(handle)["state"]) if x.ndim]
   assert {x.sharding.memory_kind for x in state} == {"pinned_host"}

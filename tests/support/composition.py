@@ -40,6 +40,8 @@ WRAPPERS = {
     key="bias",
     param_logical_axes={"kernel": P(None, "heads"), "bias": P("heads")},
   ),
+  # Two replicas (`params_for`), an outer step every other call: calls 2 and 4 synchronise.
+  "diloco": lambda d: optcore.diloco(d, every=2),
 }
 ALGORITHMS = {
   "adam": lambda: optcore.adam(1e-2),
@@ -55,7 +57,7 @@ FULL = os.environ.get("OPTCORE_FULL_MATRIX") == "1"
 # the gradient, multipliers set the rates) are paired with the state-changing ones only: their
 # pairs with the observers
 # (skip_bad_steps, with_statistics, stochastic_rounding) repeat programs the matrix has.
-SHAPING = ("cautious", "zclip", "multipliers", "qk_clip")
+SHAPING = ("cautious", "zclip", "multipliers", "qk_clip", "diloco")
 # Orders refused at construction, by design: qk_clip around accumulate would rescale the heads on
 # every micro-batch's call (tests/core/test_qk_clip.py checks the refusal).
 REFUSED = {("qk_clip", "accumulate")}
@@ -114,6 +116,24 @@ def case_id(case) -> str:
   return order_id(*case)
 
 
+REPLICAS = 2
+
+
+def params_for(opt_def) -> dict:
+  """`params`, as ``opt_def`` takes them: stacked replicas where it declares that every
+  parameter carries them (`OptimizerDef.stacked_replicas`: diloco), each starting equal."""
+  if not opt_def.stacked_replicas:
+    return params()
+  return jax.tree.map(lambda p: jnp.stack([p] * REPLICAS), params())
+
+
+def grads_for(opt_def, i: int) -> dict:
+  """`grads` of call ``i``, stacked as `params_for` stacks: each replica's from its own data."""
+  if not opt_def.stacked_replicas:
+    return grads(i)
+  return jax.tree.map(lambda *g: jnp.stack(g), *(grads(i + 100 * r) for r in range(REPLICAS)))
+
+
 def qk_logits(i: int) -> dict:
   """Call ``i``'s per-head maximum logits for the ``qk_clip`` row (the model is the module)."""
   return {"": jnp.array([2.0 + i, 0.5, 1.5], F32)}
@@ -132,10 +152,10 @@ def step_arguments(opt_def, face_name: str, i: int) -> dict:
 
 def train(face, opt_def, calls=CALLS, handle=None):
   """``calls`` jitted steps of ``opt_def`` in ``face`` from `params` (or on from ``handle``)."""
-  handle = face.create(opt_def, params()) if handle is None else handle
+  handle = face.create(opt_def, params_for(opt_def)) if handle is None else handle
   step = face.jit(face.step)
   for i in range(calls):
-    handle = step(handle, grads(i), step_arguments(opt_def, face.name, i))
+    handle = step(handle, grads_for(opt_def, i), step_arguments(opt_def, face.name, i))
   return handle
 
 
@@ -153,7 +173,5 @@ def check_face(case, face, core) -> None:
     assert_trees_equal(face.ema_params(handle), core.ema_params)
   fresh = face.restore(face.create(opt_def, face.params(handle)), face.state_dict(handle))
   step = face.jit(face.step)
-  more = step_arguments(opt_def, face.name, CALLS)
-  assert_trees_equal(
-    face.params(step(fresh, grads(CALLS), more)), face.params(step(handle, grads(CALLS), more))
-  )
+  more, g = step_arguments(opt_def, face.name, CALLS), grads_for(opt_def, CALLS)
+  assert_trees_equal(face.params(step(fresh, g, more)), face.params(step(handle, g, more)))

@@ -121,6 +121,9 @@ from optcore._src.wrappers.accumulate import accumulate as accumulate
 from optcore._src.wrappers.cautious import Cautious as Cautious
 from optcore._src.wrappers.cautious import CautiousState as CautiousState
 from optcore._src.wrappers.cautious import cautious as cautious
+from optcore._src.wrappers.diloco import DiLoCo as DiLoCo
+from optcore._src.wrappers.diloco import DiLoCoState as DiLoCoState
+from optcore._src.wrappers.diloco import diloco as diloco
 from optcore._src.wrappers.ema import Ema as Ema
 from optcore._src.wrappers.ema import EmaState as EmaState
 from optcore._src.wrappers.ema import ema as ema
@@ -200,6 +203,8 @@ __all__ = [
   "Cautious",
   "CautiousState",
   "Count",
+  "DiLoCo",
+  "DiLoCoState",
   "Ema",
   "EmaState",
   "FirstMoment",
@@ -267,6 +272,7 @@ __all__ = [
   "declared_fields",
   "dequantize_state",
   "derive_optax_logical_axes",
+  "diloco",
   "ema",
   "ema_params",
   "eval_params",

@@ -191,7 +191,11 @@ def to_config(opt_def: OptimizerDef) -> dict[str, Any]:
     return {"name": "multi", "groups": groups}
   if isinstance(opt_def, Wrapper):  # accumulate, mixed_precision, ema, grouped, ...
     inner = to_config(opt_def.optimizer_def)
-    return {"name": opt_def.name, **opt_def.config(), "optimizer": inner}
+    written = {
+      k: to_config(v) if k in opt_def.definition_arguments and v is not None else v
+      for k, v in opt_def.config().items()
+    }
+    return {"name": opt_def.name, **written, "optimizer": inner}
   if isinstance(opt_def, OptaxWrapper):
     if opt_def.factory is None:
       raise ConfigError(f"{opt_def!r} wraps a ready optax transformation: it has no config")
@@ -418,8 +422,15 @@ def _wrapper(name: str, args: Mapping[str, Any], path: str) -> OptimizerDef:
       f"{sorted({'optimizer', *required})}), found the keys {sorted(args)}"
     )
   inner = from_config(args["optimizer"], _path=_join(path, "optimizer"))
+  settings = {
+    k: from_config(v, _path=_join(path, k))
+    if k in cls.definition_arguments and v is not None
+    else v
+    for k, v in args.items()
+    if k != "optimizer"
+  }
   try:
-    return cls(inner, **{k: v for k, v in args.items() if k != "optimizer"})
+    return cls(inner, **settings)
   except ArgumentError as e:  # a declared argument: name its field
     raise ConfigError(f"at {_join(path, e.argument)!r}: {name}: {e.message}") from None
   except (TypeError, ValueError) as e:

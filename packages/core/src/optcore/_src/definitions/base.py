@@ -107,6 +107,9 @@ class OptimizerDef(
   #: real step) refuses to wrap.
   steps_every_call: bool = True
 
+  #: Whether every parameter carries replicas of the model on its leading axis (`diloco`).
+  stacked_replicas: bool = False
+
   #: The flags above: a definition that wraps another (`accumulate`, `ema`, ...) takes each
   #: from the definition it wraps unless it declares that it changes it.
   FLAGS: tuple[str, ...] = (
@@ -118,6 +121,7 @@ class OptimizerDef(
     "none_means_off",
     "legacy_state_dicts",
     "steps_every_call",
+    "stacked_replicas",
   )
 
   #: The hyper-parameters: one `HyperParams`, or for a definition of groups (`MultiOptimizer`)

@@ -80,6 +80,9 @@ class Wrapper(OptimizerDef):
   changes: ClassVar[Mapping[str, Any]] = MappingProxyType({})
   #: The constructor's arguments after the wrapped definition, and their defaults.
   config_arguments: ClassVar[Mapping[str, Any]] = MappingProxyType({})
+  #: Those of `config_arguments` that are definitions (`diloco`'s ``outer``): a config writes
+  #: and reads each as a config of its own.
+  definition_arguments: ClassVar[tuple[str, ...]] = ()
 
   def __init_subclass__(cls, **kwargs: Any) -> None:
     super().__init_subclass__(**kwargs)
