@@ -1,5 +1,5 @@
-"""MARS, NorMuon, Dion, cautious AdamW and ZClip beside AdamW and Muon on the small transformer of
-matrix_optimizers.py (stacked layers, logical axes).
+"""MARS, NorMuon, Dion, cautious AdamW, ZClip, PSGD Kron, AdamH, MuonH and μP's AdamW beside
+AdamW and Muon on the small transformer of matrix_optimizers.py (stacked layers, logical axes).
 
 Three measurements:
 
@@ -54,7 +54,27 @@ OPTIMIZERS = {
   "zclip_adamw": lambda axes: optcore.zclip(
     optcore.adamw(3e-3, b1=0.9, b2=0.95, weight_decay=0.01)
   ),
+  # PSGD Kron at its authors' defaults (rate 1e-3), the stacked layers read from the axes
+  "kron": lambda axes: optcore.contrib.kron(1e-3, weight_decay=0.01, param_logical_axes=axes),
+  # levanter's hyperball configurations: the layers' matrices on the sphere, AdamW for the
+  # embedding, the norms and the head
+  "adamh": lambda axes: _hyperball(optcore.contrib.adamh(0.02)),
+  "muonh": lambda axes: _hyperball(optcore.contrib.muonh(learning_rate=0.02)),
+  # μP's rates from the widths (base half the model's), AdamW's step per parameter group
+  "mup_adamw": lambda axes: optcore.mup(
+    optcore.adamw(3e-3, b1=0.9, b2=0.95, weight_decay=0.01),
+    {"embed": 64, "mlp": 256},
+    param_logical_axes=axes,
+  ),
 }
+
+
+def _hyperball(matrices: optcore.OptimizerDef) -> optcore.MultiOptimizer:
+  rest = optcore.adamw(3e-3, b1=0.9, b2=0.95, weight_decay=0.01)
+  return optcore.MultiOptimizer(
+    (r"layers/(query|key|value|out|wi|wo)", matrices),
+    (r"embedding|final_norm|head|layers/norm.", rest),
+  )
 
 
 def state_bytes_per_parameter(size: dict) -> dict[str, float]:
@@ -76,7 +96,8 @@ def train(steps: int, size: dict) -> dict:
 def report(result: dict, machine: str) -> str:
   times, loss = result["step_time"], result["loss"]
   lines = [
-    f"MARS, NorMuon, Dion, cautious AdamW and ZClip beside AdamW and Muon ({machine}), on the "
+    f"MARS, NorMuon, Dion, cautious AdamW, ZClip, PSGD Kron, AdamH, MuonH and μP's AdamW beside "
+    f"AdamW and Muon ({machine}), on the "
     f"{result['params']:,}-parameter transformer of matrix_optimizers.py.",
     "",
     f"Step time over AdamW's ({times['adamw_ms']:.2f} ms), median [quartiles] of "

@@ -376,8 +376,10 @@ def scale_by_kron(
     mu = None
     if b1 > 0:
       mu = jax.tree.map(lambda x: jnp.zeros_like(x, dtype=mu_dtype), params)
-    zero = jnp.zeros([], jnp.int32)
-    return KronState(zero, mu, treedef.unflatten(factors), zero)
+    # two arrays, never one twice: a step that donates the state donates each buffer once
+    return KronState(
+      jnp.zeros([], jnp.int32), mu, treedef.unflatten(factors), jnp.zeros([], jnp.int32)
+    )
 
   def update_fn(updates: PyTree, state: KronState, params: PyTree = None) -> tuple:
     del params
