@@ -225,8 +225,13 @@ def run_pytest(
   session: nox.Session, folders: list[str], *extra: str, env: dict[str, str] | None = None
 ) -> None:
   fetch_test_data(session, folders)
-  env = {**compilation_cache(session), **(env or {})}
-  if any(f.startswith("tests/distributed") for f in folders):
+  eight_devices = any(f.startswith("tests/distributed") for f in folders)
+  # Not for the 8-device run: there XLA:CPU's executable.serialize(), which only the cache
+  # calls, segfaulted once under jax 0.12 (a conformance test, 2026-11-28), and pytest-xdist's
+  # loadfile scheduler then waited forever for the crashed worker's file.
+  cache = {} if eight_devices else compilation_cache(session)
+  env = {**cache, **(env or {})}
+  if eight_devices:
     flags = f"{EIGHT_CPU_DEVICES['XLA_FLAGS']} {env.get('XLA_FLAGS', '')}".strip()
     env["XLA_FLAGS"] = flags
   session.run("python", "-m", "pytest", *folders, *WORKERS, *extra, *session.posargs, env=env)
