@@ -61,11 +61,17 @@ SHAPING = ("cautious", "zclip", "multipliers", "qk_clip", "diloco")
 # Orders refused at construction, by design: qk_clip around accumulate would rescale the heads on
 # every micro-batch's call (tests/core/test_qk_clip.py checks the refusal).
 REFUSED = {("qk_clip", "accumulate")}
+# Alone only in the whole matrix, for now: with their 133 pair rows the newest Python's 8-device
+# run twice crashed XLA (a segfault compiling or serialising a conformance program, never
+# alone); their pairs passed (63 and 70, every face and orbax) when run by themselves.
+SINGLES_ONLY = ("qk_clip", "diloco")
 SINGLES = [(w,) for w in WRAPPERS]
 PAIRS = [
   pair
   for pair in itertools.permutations(WRAPPERS, 2)
-  if (not set(pair) & set(SHAPING) or set(pair) & set(STATE_CHANGING)) and pair not in REFUSED
+  if (not set(pair) & set(SHAPING) or set(pair) & set(STATE_CHANGING))
+  and pair not in REFUSED
+  and not set(pair) & set(SINGLES_ONLY)
 ]
 CHANGING_PAIRS = list(itertools.permutations(STATE_CHANGING, 2))
 # (order, algorithm) on one device. Every Python: each wrapper alone around each algorithm. The
