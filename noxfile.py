@@ -102,6 +102,7 @@ EXTRA_GROUPS = {"flax": ["gin"], "all": ["checkpoint", "demo"]}
 # The multi-device tests run on 8 CPU devices (and spawn their own processes
 # for the loopback multi-process run).
 EIGHT_CPU_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+EIGHT_DEVICE_FOLDERS = ("tests/distributed", "tests/flax/mesh")
 ADAPTERS = {"flax": "optcore_flax", "equinox": "optcore_equinox", "treex": "optcore_treex"}
 VERSIONS_SHOWN = ["jax", "jaxlib", "numpy", "optax", "flax", "equinox", "treeo", "orbax-checkpoint"]
 
@@ -193,6 +194,7 @@ FLOAT_SENSITIVE = {
   "flax": [
     "tests/flax/test_matrix_optimizers_flax.py",
     "tests/flax/test_grouped_flax.py",
+    "tests/flax/mesh/test_nnx_beyond_optimizer.py",
   ],
   "all": [
     "tests/distributed/test_matrix_optimizers_mesh.py",
@@ -224,8 +226,21 @@ def compilation_cache(session: nox.Session) -> dict[str, str]:
 def run_pytest(
   session: nox.Session, folders: list[str], *extra: str, env: dict[str, str] | None = None
 ) -> None:
+  """pytest over ``folders``: an 8-device folder inside one (`EIGHT_DEVICE_FOLDERS`) runs
+  after the rest, in a process of its own (JAX's device count is fixed when it starts)."""
   fetch_test_data(session, folders)
-  eight_devices = any(f.startswith("tests/distributed") for f in folders)
+  nested = [m for m in EIGHT_DEVICE_FOLDERS for f in folders if m.startswith(f"{f}/")]
+  if nested:
+    _pytest(session, folders, *(f"--ignore={m}" for m in nested), *extra, env=env)
+    _pytest(session, nested, *extra, env=env)
+  else:
+    _pytest(session, folders, *extra, env=env)
+
+
+def _pytest(
+  session: nox.Session, folders: list[str], *extra: str, env: dict[str, str] | None = None
+) -> None:
+  eight_devices = any(f.startswith(EIGHT_DEVICE_FOLDERS) for f in folders)
   # Not for the 8-device run: there XLA:CPU's executable.serialize(), which only the cache
   # calls, segfaulted once under jax 0.12 (a conformance test, 2026-11-28), and pytest-xdist's
   # loadfile scheduler then waited forever for the crashed worker's file.

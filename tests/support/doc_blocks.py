@@ -54,6 +54,8 @@ class Block:
   #: the page's earlier blocks, run first, where the page reads as one session
   #: (`SESSION_MARK`: a tutorial whose blocks build on each other)
   before: tuple[str, ...] = ()
+  #: whether the page's blocks need 8 devices (`MESH_MARK`)
+  on_mesh: bool = False
 
   @property
   def variant(self) -> str | None:
@@ -63,6 +65,8 @@ class Block:
       for variant, modules in FRAMEWORKS.items()
       if any(re.search(rf"^\s*(import|from)\s+{m}\b", source, re.M) for m in modules)
     }
+    if self.on_mesh and len(found) == 1:  # its framework's 8-device tests (Flax has orbax)
+      return f"{found.pop()}-mesh"
     if len(found) > 1 or re.search(r"^\s*(import|from)\s+orbax\b", source, re.M):
       return "all"
     return found.pop() if found else None
@@ -81,11 +85,15 @@ def pages() -> list[Path]:
 #: A page that holds this line runs its blocks as one session, in order: each block's test runs
 #: the blocks before it first.
 SESSION_MARK = "<!-- doc-blocks: one session -->"
+#: A page that holds this line runs its blocks on 8 devices: in its framework's 8-device tests
+#: (variant ``"<framework>-mesh"``: tests/flax/mesh for Flax).
+MESH_MARK = "<!-- doc-blocks: 8 devices -->"
 
 
 def _blocks_of(page: Path) -> list[Block]:
   text = page.read_text()
   session = SESSION_MARK in text
+  on_mesh = MESH_MARK in text
   blocks = []
   for match in FENCE.finditer(text):
     indent = len(match["indent"])
@@ -101,7 +109,7 @@ def _blocks_of(page: Path) -> list[Block]:
     first += len(match["body"].splitlines()) - len(lines)
     source = "\n".join(lines) + "\n"
     before = tuple(b.source for b in blocks) if session else ()
-    blocks.append(Block(str(page.relative_to(ROOT)), first, name, source, before))
+    blocks.append(Block(str(page.relative_to(ROOT)), first, name, source, before, on_mesh))
   return blocks
 
 

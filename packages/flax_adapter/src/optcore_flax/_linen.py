@@ -12,6 +12,7 @@ from jax.sharding import Mesh, PartitionSpec
 
 import optcore
 from optcore import adapter
+from optcore_flax import _nnx_placement as placed
 
 PyTree = Any
 
@@ -29,6 +30,34 @@ def _has_nnx_axes(x: Any) -> bool:
     return False
   metadata = x.get_metadata()
   return bool(metadata.get("out_sharding") or metadata.get("sharding_names"))
+
+
+def _nnx_names(x: Any) -> Any:
+  """An nnx variable's logical axes as a `PartitionSpec` in its place (``P()`` for one that
+  names none); any other leaf as `param_logical_axes` reads it."""
+  if not _is_variable(x):
+    return PartitionSpec() if hasattr(x, "shape") else x
+  (variable,), _ = placed.read_variables({"v": x})
+  if variable.misfit is not None:
+    placed.refuse_misfits([variable])
+  return x.replace(PartitionSpec(*(variable.names or ())))
+
+
+def _with_nnx_rules(params: PyTree, rules: Sequence[tuple[str, Any]] | None) -> Any:
+  """``rules`` followed by the ``sharding_rules`` of the nnx variables in ``params`` (and the
+  context's ``nnx.logical_axis_rules``), so their own mapping applies where ``rules`` has none
+  for a name; ``rules`` itself when ``params`` holds no nnx variable."""
+  variables = [x for x in jax.tree.leaves(params, is_leaf=_is_variable) if _is_variable(x)]
+  if not variables:
+    return rules
+  read, _ = placed.read_variables(dict(enumerate(variables)))
+  own = placed.model_rules(read)
+  if not own:
+    return rules
+  # nnx keeps a name no rule maps as it is (a mesh axis written directly), Linen replicates it.
+  names = {n for v in read for n in (v.state_names or ()) if isinstance(n, str)}
+  kept = [(n, n) for n in sorted(names - set(own) - {r for r, _ in rules or ()})]
+  return [*(rules or ()), *own.items(), *kept]
 
 
 def param_logical_axes(params: PyTree) -> PyTree:
@@ -56,8 +85,9 @@ def param_logical_axes(params: PyTree) -> PyTree:
   if any(_is_box(x) for x in jax.tree.leaves(params, is_leaf=_is_box)):
     return nn.get_partition_spec(params)
   if any(_has_nnx_axes(x) for x in jax.tree.leaves(params, is_leaf=_is_variable)):
-    # nnx.Param(..., out_sharding=names) / nnx.with_partitioning: nnx's own reading.
-    return nnx.get_partition_spec(params)
+    # nnx.Param(..., out_sharding=names) / nnx.with_partitioning: the names as written, before
+    # sharding_rules resolve them to mesh axes (_with_nnx_rules applies those).
+    return jax.tree.map(_nnx_names, params, is_leaf=_is_variable)
   # Plain arrays (no partitioning metadata at all) are replicated; specs pass through.
   return jax.tree.map(lambda x: PartitionSpec() if hasattr(x, "shape") else x, params)
 
@@ -132,7 +162,7 @@ def optimizer_shardings(
     optimizer,
     param_logical_axes(params),
     mesh,
-    logical_axis_rules,
+    _with_nnx_rules(params, logical_axis_rules),
     **placement,
   )
 
@@ -180,7 +210,7 @@ def create_sharded(
     nn.unbox(boxed_params),
     axes,
     mesh,
-    logical_axis_rules,
+    _with_nnx_rules(boxed_params, logical_axis_rules),
     **placement,
   )
 

@@ -6,9 +6,16 @@ orbax checkpoints), taking an optcore definition or a plain optax transformation
 replacing the import line is enough. On top it carries what optcore adds, under the names every
 face uses: hyper-parameter overrides as ``update`` keywords (honoured under ``nnx.jit`` without a
 recompile per value, a misspelt one refused), ``ema_params``, ``current_hyper_params``,
-``state_dict``/``restore_state`` in optcore's portable layout, and ``transplant``. Moments keep
-their parameters' partitioning metadata (``nnx.with_partitioning``), so they are sharded as the
-parameters are.
+``state_dict``/``restore_state`` in optcore's portable layout, and ``transplant``.
+
+Placement comes from each trained variable's metadata, read before any rule resolves it: its
+logical names (``out_sharding``, a stack axis ``nnx.vmap``/``nnx.scan`` added among them), its
+``sharding_rules``, ``optimizer_sharding`` and ``mesh``. Each state leaf is laid out as the
+definition derives from its parameter's names, every counter replicated on the parameters'
+mesh, and each update keeps the parameters and the state where they were on Auto and Explicit
+meshes alike; the state's variables carry their placement in their metadata, so a checkpoint
+restored into ``nnx.eval_shape``'s optimizer lands there (docs: "NNX: what the face does
+beyond nnx.Optimizer").
 
 The module stands in for ``flax.nnx`` itself: every other name (``nnx.Linear``, ``nnx.jit``,
 ``nnx.state``, ...) is ``flax.nnx``'s, so a program written against ``nnx.Optimizer`` runs on
@@ -43,7 +50,7 @@ from jax.sharding import Mesh
 
 import optcore
 from optcore import adapter
-from optcore_flax._linen import _has_nnx_axes
+from optcore_flax import _nnx_placement as placed
 
 __all__ = ["ModelAndOptimizer", "Optimizer"]
 
@@ -96,11 +103,28 @@ class Optimizer(nnx.Optimizer):
       wrt = nnx.Param
     optimizer_def = adapter.as_definition(tx, "optcore_flax.nnx.Optimizer")
     optimizer_def = _with_variable_selectors(optimizer_def, model, wrt)
-    axes = _metadata_axes(model, wrt)
+    variables, treedef = placed.read_variables(nnx.state(model, wrt))
+    axes = placed.logical_axes(variables, treedef)
     if axes is not None:  # a definition that reads them (contrib.muon) takes the model's own
       optimizer_def = optimizer_def.with_param_logical_axes(axes)
     self.optimizer_def = optimizer_def
     super().__init__(model, optimizer_def.as_optax(), wrt=wrt, **kwargs)
+    self._placement = placed.at_creation(
+      optimizer_def,
+      _as_state(self),
+      nnx.as_pure(self.opt_state),
+      _state_variables(self),
+      nnx.as_pure(nnx.state(model, wrt)),
+      variables,
+      treedef,
+    )
+    if self._placement is not None:
+      variables_ = [v for _, v in _state_variables(self)]
+      values = placed.place([v.get_value() for v in variables_], self._placement.state)
+      for variable, value in zip(variables_, values, strict=True):
+        variable.set_value(value)
+      self.step.set_value(placed.place([self.step.get_value()], [self._placement.step])[0])
+      placed.declare([*variables_, self.step], [*self._placement.state, self._placement.step])
     if holds_model:
       self.model = model
 
@@ -145,10 +169,15 @@ class Optimizer(nnx.Optimizer):
     new_params, new_state = adapter.step(
       self.optimizer_def, params, _as_state(self), grad_arrays, extra_args=extra, **overrides
     )
-    step = self.step[...]
-    nnx.update(model, new_params)
+    step = self.step[...] + 1
+    if self._placement is not None:  # on an Auto mesh nothing else keeps them where they were
+      leaves, treedef = jax.tree.flatten(new_params)
+      if len(leaves) == len(self._placement.params):
+        new_params = treedef.unflatten(placed.keep(leaves, self._placement.params))
+      step = placed.keep([step], [self._placement.step])[0]
     self._set_state(new_state)
-    self.step[...] = step + 1
+    nnx.update(model, new_params)
+    self.step[...] = step
     return jax.tree.map(jnp.subtract, new_params, params)
 
   @property
@@ -238,11 +267,12 @@ class Optimizer(nnx.Optimizer):
     **placement: _Unpack[adapter.StatePlacement],
   ) -> Optimizer:
     """Places this optimizer's state, in place, as ``model``'s partitioning metadata says:
-    each state array follows the parameter it belongs to (``nnx.with_partitioning`` /
-    ``out_sharding`` names, mesh axes or logical names mapped by ``logical_axis_rules``; a
-    variable without it is replicated), ``state_axis=`` splits every state array over that mesh
-    axis as well (ZeRO-1), ``state_memory_kind="pinned_host"`` keeps it in host memory between
-    steps. Each ``update`` keeps the placement.
+    each state array follows the parameter it belongs to (its ``optimizer_sharding`` or
+    ``out_sharding`` names, mapped as nnx maps them by the context's rules, the variable's
+    ``sharding_rules`` and then ``logical_axis_rules``; a variable without names is
+    replicated), ``state_axis=`` splits every state array over that mesh axis as well (ZeRO-1),
+    ``state_memory_kind="pinned_host"`` keeps it in host memory between steps. Each ``update``
+    keeps the placement, the parameters' too.
 
     Args:
       model: the module this optimizer trains.
@@ -256,7 +286,9 @@ class Optimizer(nnx.Optimizer):
 
     Raises:
       TypeError: no mesh given and none set with ``jax.set_mesh``.
-      optcore.PartitionRuleError: a dimension the mesh does not divide (named by path).
+      optcore.PartitionRuleError: a dimension the mesh does not divide, metadata naming a
+        number of axes other than its variable's rank (a stack axis ``nnx.vmap`` added without
+        ``transform_metadata``), a name that maps to no axis of the mesh (named by path).
 
     Example (ZeRO-1: a replicated model, its moments split over ``'data'``):
       >>> import jax, numpy as np
@@ -278,23 +310,39 @@ class Optimizer(nnx.Optimizer):
           "`with jax.set_mesh(mesh):`."
         )
     state = _as_state(self)
-    params = self.readout_parameters(model)
-    axes = _metadata_axes(model, self.wrt)
-    shardings = adapter.state_shardings(
-      self.optimizer_def, state, params, axes, mesh, logical_axis_rules, **placement
+    variables, treedef = placed.read_variables(nnx.state(model, self.wrt))
+    shardings, self._placement = placed.for_shard(
+      self.optimizer_def,
+      state,
+      nnx.as_pure(self.opt_state),
+      self.readout_parameters(model),
+      variables,
+      treedef,
+      mesh,
+      logical_axis_rules,
+      placement,
     )
     self._set_state(jax.device_put(state, shardings))
+    self.step.set_value(placed.keep([self.step.get_value()], [self._placement.step])[0])
+    state_variables = [v for _, v in _state_variables(self)]
+    placed.declare([*state_variables, self.step], [*self._placement.state, self._placement.step])
     return self
 
   def _set_state(self, state: optcore.OptimizerState) -> None:
     """Writes ``state`` into this optimizer's variables (their metadata kept)."""
     new = self.optimizer_def.to_optax_state(state, like=nnx.as_pure(self.opt_state))
-    if not isinstance(new, optcore.OptimizerState):  # the state keeps no step: nnx's is it
-      self.step.set_value(jnp.asarray(state.step, self.step[...].dtype))
     variables = jax.tree.leaves(self.opt_state, is_leaf=_is_variable)
     values = jax.tree.leaves(new)
     if len(variables) != len(values):  # restore_state checked the structure; never expected
       raise optcore.StateDictError("the restored state does not fit this optimizer's variables")
+    step = None
+    if not isinstance(new, optcore.OptimizerState):  # the state keeps no step: nnx's is it
+      step = jnp.asarray(state.step, self.step[...].dtype)
+    if self._placement is not None:  # every leaf where the placement keeps it, counters too
+      values = placed.keep(values, self._placement.state)
+      step = None if step is None else placed.keep([step], [self._placement.step])[0]
+    if step is not None:
+      self.step.set_value(step)
     for variable, value in zip(variables, values, strict=True):
       variable.set_value(value)
 
@@ -386,18 +434,15 @@ def _with_variable_selectors(opt_def: _Any, model: _Any, wrt: _Any) -> _Any:
   return adapter.map_definitions(resolve, opt_def)
 
 
-def _metadata_axes(model: _Any, wrt: _Any) -> PyTree | None:
-  """One `PartitionSpec` per ``wrt`` variable of ``model`` from its partitioning metadata
-  (``nnx.with_partitioning``, ``out_sharding=``; ``P()`` where it has none), in the structure of
-  the arrays the optimizer sees; None when no variable has any."""
-  variables = nnx.state(model, wrt)
-  if not any(_has_nnx_axes(v) for v in jax.tree.leaves(variables, is_leaf=_is_variable)):
-    return None
-  return nnx.as_pure(nnx.get_partition_spec(variables))
-
-
 def _is_variable(x: _Any) -> bool:
   return isinstance(x, nnx.Variable)
+
+
+def _state_variables(optimizer: Optimizer) -> list[tuple[str, nnx.Variable]]:
+  """The optimizer state's variables with their paths, in the order of its leaves."""
+  named, _ = optcore.leaves_with_paths(nnx.as_pure(optimizer.opt_state))
+  variables = jax.tree.leaves(optimizer.opt_state, is_leaf=_is_variable)
+  return [(path, v) for (path, _), v in zip(named, variables, strict=True)]
 
 
 def _as_state(optimizer: Optimizer) -> optcore.OptimizerState:
