@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+from jax.core import Tracer
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from optcore._src.axes.partition_rules import PartitionRuleError
@@ -125,6 +126,34 @@ def with_auto_axes(fn: Callable[..., Any], reference: tuple[PyTree, ...], *args:
     return fn(*treedef.unflatten(back))
 
   return jax.sharding.auto_axes(on_arrays, out_sharding=out)(arrays)
+
+
+def explicit_mesh_of(tree: PyTree) -> Any:
+  """The mesh of the first array of ``tree`` typed on a mesh with an Explicit axis (a
+  concrete array's `Mesh`, a traced one's abstract mesh), or None."""
+  arrays = [x for x in jax.tree.leaves(tree) if isinstance(x, jax.Array)]
+  where = (_type_sharding(x) if isinstance(x, Tracer) else x.sharding for x in arrays)
+  explicit = next((s for s in where if _explicit(s)), None)
+  return explicit.mesh if isinstance(explicit, NamedSharding) else None
+
+
+def init_with_auto_axes(init: Callable[[Any], Any], params: PyTree) -> Any:
+  """``init(params)`` with every Explicit mesh axis of the parameters Auto inside, each leaf
+  of the state it makes replicated on that mesh; else ``init(params)`` itself.
+
+  A state initialiser pads, reshapes or casts leaf by leaf (a quantized state's blocks), which
+  an Explicit axis refuses on a split dimension, and on jax 0.10 a ``jit`` of arrays typed on
+  such a mesh needs it set. Where each leaf then lives is the placement's decision
+  (`create_sharded`, a face's ``shard``); replicated is where nothing is lost."""
+  mesh = explicit_mesh_of(params)
+  if mesh is None:
+    return init(params)
+  replicated = NamedSharding(mesh, PartitionSpec())
+  unplaced = jax.tree.map(
+    lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype) if isinstance(x, jax.Array) else x, params
+  )
+  out = jax.tree.map(lambda _: replicated, jax.eval_shape(init, unplaced))
+  return jax.sharding.auto_axes(init, out_sharding=out)(params)
 
 
 def _type_sharding(x: Any) -> Any:

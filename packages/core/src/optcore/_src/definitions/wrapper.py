@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.core import Tracer
 
-from optcore._src.axes import matrix_axes, optax_rules
+from optcore._src.axes import matrix_axes, optax_rules, sharding
 from optcore._src.axes.partition_rules import PartitionRuleError
 from optcore._src.definitions.base import OptimizerDef
 from optcore._src.ground import declarations, definition_tree, paths
@@ -381,10 +381,18 @@ def init_in_one_program(init: Any, params: PyTree) -> Any:
   (``create`` in ``jax.jit``) it is part of that program already."""
   leaves = jax.tree.leaves(params)
   if any(isinstance(x, Tracer) for x in leaves) or not leaves:
-    return init(params)
+    return sharding.init_with_auto_axes(init, params)
   # Constant folding would compute a state made of constants (zeros) while compiling, in
   # memory, as a whole: the detour this function is here to avoid.
-  return jax.jit(init, compiler_options={"xla_disable_hlo_passes": "constant_folding"})(params)
+  program = jax.jit(
+    lambda p: sharding.init_with_auto_axes(init, p),
+    compiler_options={"xla_disable_hlo_passes": "constant_folding"},
+  )
+  mesh = sharding.explicit_mesh_of(params)
+  if mesh is None:
+    return program(params)
+  with jax.set_mesh(mesh):  # jax 0.10 compiles a program typed on an Explicit mesh only there
+    return program(params)
 
 
 def floating_dtype(where: str, name: str, dtype: Any) -> Any:
