@@ -26,6 +26,7 @@ from flax import nnx
 from flax.core import spmd as core_spmd
 from jax.core import Tracer
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
+from jax.sharding import PartitionSpec as P
 
 import optcore
 from optcore import adapter
@@ -212,19 +213,6 @@ def _param_sharding(v: Variable, rules: dict[str, Any], mesh: AnyMesh | None) ->
   return None
 
 
-def _check_fits(path: str, spec: PartitionSpec, mesh: AnyMesh, what: str) -> None:
-  unknown = sorted(
-    {a for entry in spec for a in (entry if isinstance(entry, tuple) else (entry,)) if a}
-    - set(mesh.axis_names)
-  )
-  if unknown:
-    raise optcore.PartitionRuleError(
-      f"{what} at {path!r}: its sharding metadata maps to {spec}, which names the mesh axes "
-      f"{unknown}; its mesh has {list(mesh.axis_names)}. Map each logical name to a mesh axis "
-      "(sharding_rules=, nnx.logical_axis_rules) or name the mesh's axes."
-    )
-
-
 def refuse_misfits(variables: Sequence[Variable]) -> None:
   """PartitionRuleError naming the first variable whose metadata names a number of axes other
   than its array's rank: its placement cannot be read from it."""
@@ -249,20 +237,6 @@ def warn_misfits(variables: Sequence[Variable]) -> None:
         f"and optimizer.shard() refuses it. {_STACKING_FIX}",
         UserWarning,
       )
-
-
-def _state_specs(
-  optimizer_def: Any,
-  state: optcore.OptimizerState,
-  params: PyTree,
-  variables: Sequence[Variable],
-  treedef: Any,
-  rules: dict[str, Any],
-) -> optcore.OptimizerState:
-  """The state's mesh axes, leaf by leaf: derived by the definition from the axes each
-  parameter's state follows, already mapped to mesh axes."""
-  axes = treedef.unflatten([_state_param_spec(v, rules) for v in variables])
-  return adapter.state_logical_axes(optimizer_def, state, params, axes)
 
 
 def _flat_state(optimizer_def: Any, tree: optcore.OptimizerState, like: PyTree) -> list[Any]:
@@ -295,18 +269,40 @@ def at_creation(
   rules = model_rules(variables)
   warn_misfits(variables)
   param_shardings = tuple(_param_sharding(v, rules, v.mesh) for v in variables)
-  specs = _flat_state(
-    optimizer_def, _state_specs(optimizer_def, state, params, variables, treedef, rules), like
-  )
-  if len(specs) != len(state_variables):  # the state's own structure; never expected
-    raise optcore.PartitionRuleError("the derived state axes do not fit the optimizer's state")
+  runs: list[tuple[AnyMesh, list[NamedSharding]]] = []
+  for mesh in meshes:
+    if any(mesh == done for done, _ in runs):
+      continue
+    axes = treedef.unflatten(
+      [
+        _state_param_spec(v, rules) if (v.mesh if v.mesh is not None else home) == mesh else P()
+        for v in variables
+      ]
+    )
+    runs.append((mesh, _shardings_on(mesh, optimizer_def, state, params, axes, like)))
   state_shardings = []
-  for spec, (path, variable) in zip(specs, state_variables, strict=True):
+  for i, (_, variable) in enumerate(state_variables):
     own = variable.get_metadata().get("mesh") if _is_variable(variable) else None
-    mesh: AnyMesh = own if own is not None else home
-    _check_fits(path, spec, mesh, "the optimizer state")
-    state_shardings.append(NamedSharding(mesh, spec))
+    # its parameter's mesh (Flax copies a variable's metadata to its state), else the home one
+    run = next((run for done, run in runs if own is not None and done == own), runs[0][1])
+    state_shardings.append(run[i])
   return Placement(param_shardings, tuple(state_shardings), NamedSharding(home, PartitionSpec()))
+
+
+def _shardings_on(
+  mesh: AnyMesh, optimizer_def: Any, state: Any, params: PyTree, axes: PyTree, like: PyTree
+) -> list[NamedSharding]:
+  """Every state leaf's sharding on ``mesh`` from the parameters' mesh axes ``axes``, as the
+  core places state (a quantized leaf's blocks kept whole, a dimension the mesh does not
+  divide refused by path); on an abstract mesh (an optimizer made inside ``jit`` with no
+  mesh in its metadata) the derived axes alone."""
+  if isinstance(mesh, Mesh):
+    tree = adapter.state_shardings(optimizer_def, state, params, axes, mesh, None)
+    return _flat_state(optimizer_def, tree, like)
+  specs = _flat_state(
+    optimizer_def, adapter.state_logical_axes(optimizer_def, state, params, axes), like
+  )
+  return [NamedSharding(mesh, spec) for spec in specs]
 
 
 def for_shard(
@@ -351,6 +347,20 @@ def _explicit(x: Any) -> bool:
 
 def _on_device(sharding: NamedSharding) -> bool:
   return sharding.memory_kind in (None, "device")
+
+
+def without_eager_sharding(tx: Any) -> Any:
+  """``tx`` whose ``init`` receives each variable with its metadata but ``eager_sharding``
+  off, so that Flax's ``nnx.Optimizer`` keeps the metadata on the state it makes without
+  sharding a leaf by a variable's names (`place` puts every leaf where it belongs)."""
+
+  def quiet(x: Any) -> Any:
+    return x.replace(eager_sharding=False) if _is_variable(x) else x
+
+  def init(params: PyTree) -> Any:
+    return tx.init(jax.tree.map(quiet, params, is_leaf=_is_variable))
+
+  return tx._replace(init=init)
 
 
 def _there(value: jax.Array, sharding: NamedSharding) -> bool:

@@ -108,7 +108,13 @@ class Optimizer(nnx.Optimizer):
     if axes is not None:  # a definition that reads them (contrib.muon) takes the model's own
       optimizer_def = optimizer_def.with_param_logical_axes(axes)
     self.optimizer_def = optimizer_def
-    super().__init__(model, optimizer_def.as_optax(), wrt=wrt, **kwargs)
+    tx = optimizer_def.as_optax()
+    # Where the face places the state (a variable is on a mesh), Flax's copy of each variable's
+    # metadata to its state must not shard by it: a quantized moment's blocks or a factored
+    # one's rows do not have the variable's dimensions. The face places every leaf below.
+    placing = any(v.mesh is not None for v in variables)
+    super().__init__(model, placed.without_eager_sharding(tx) if placing else tx, wrt=wrt, **kwargs)
+    self.tx = tx
     self._placement = placed.at_creation(
       optimizer_def,
       _as_state(self),
