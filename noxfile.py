@@ -224,15 +224,20 @@ def compilation_cache(session: nox.Session) -> dict[str, str]:
 
 
 def run_pytest(
-  session: nox.Session, folders: list[str], *extra: str, env: dict[str, str] | None = None
+  session: nox.Session,
+  folders: list[str],
+  *extra: str,
+  env: dict[str, str] | None = None,
+  mesh_env: dict[str, str] | None = None,
 ) -> None:
   """pytest over ``folders``: an 8-device folder inside one (`EIGHT_DEVICE_FOLDERS`) runs
-  after the rest, in a process of its own (JAX's device count is fixed when it starts)."""
+  after the rest, in a process of its own (JAX's device count is fixed when it starts), with
+  ``mesh_env`` in place of ``env`` where given (the CUDA session's CPU meshes)."""
   fetch_test_data(session, folders)
   nested = [m for m in EIGHT_DEVICE_FOLDERS for f in folders if m.startswith(f"{f}/")]
   if nested:
     _pytest(session, folders, *(f"--ignore={m}" for m in nested), *extra, env=env)
-    _pytest(session, nested, *extra, env=env)
+    _pytest(session, nested, *extra, env=env if mesh_env is None else mesh_env)
   else:
     _pytest(session, folders, *extra, env=env)
 
@@ -362,9 +367,10 @@ def tests_cuda(session: nox.Session) -> None:
     "import jax; d = jax.devices(); assert d[0].platform == 'gpu', d; print('devices:', d)",
   )
   folders = [f for _, fs in VARIANTS.values() for f in fs if f != "tests/distributed"]
-  run_pytest(session, folders, env={"OPTCORE_REQUIRE_GPU": "1"})
   # The mesh tests build CPU meshes; on this machine they still run, on the CPU.
-  run_pytest(session, ["tests/distributed"], env={"JAX_PLATFORMS": "cpu"})
+  cpu = {"JAX_PLATFORMS": "cpu"}
+  run_pytest(session, folders, env={"OPTCORE_REQUIRE_GPU": "1"}, mesh_env=cpu)
+  run_pytest(session, ["tests/distributed"], env=cpu)
 
 
 def _nvidia_gpu_visible() -> bool:
