@@ -520,7 +520,8 @@ def spike(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
   """optcore against raw optax for every face (step time, eager, compile, memory,
-  bandwidth), the Equinox filter_jit loop, the NNX face against nnx.Optimizer, the grouped
+  bandwidth), the Equinox filter_jit loop, the NNX face against nnx.Optimizer (its step, and
+  the pains Flax users reported: nnx_pains.py, 8 devices), the grouped
   layout's full train steps, sharded state memory and ZeRO-1 on 8 devices, host offload,
   mixed-precision state and accumulation (training_at_scale.py), state at 16, 8 and 4 bits and
   stochastic rounding (low_bit.py), the 8-bit step against a hand-written one (low_bit_peer.py),
@@ -542,6 +543,7 @@ def bench(session: nox.Session) -> None:
   session.run("python", "benchmarks/grouped.py", *session.posargs)
   session.run("python", "benchmarks/equinox_step.py", *session.posargs)
   session.run("python", "benchmarks/nnx_step.py", *session.posargs)
+  session.run("python", "benchmarks/nnx_pains.py", env=EIGHT_CPU_DEVICES)
   session.run("python", "benchmarks/robustness.py", *session.posargs)
   session.run("python", "benchmarks/low_bit.py", *session.posargs)
   session.run("python", "benchmarks/low_bit_peer.py", *session.posargs)
