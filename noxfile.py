@@ -102,7 +102,10 @@ EXTRA_GROUPS = {"flax": ["gin"], "all": ["checkpoint", "demo"]}
 # The multi-device tests run on 8 CPU devices (and spawn their own processes
 # for the loopback multi-process run).
 EIGHT_CPU_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
-EIGHT_DEVICE_FOLDERS = ("tests/distributed", "tests/flax/mesh")
+# The folders whose tests need 8 devices: tests/conformance needs one and runs apart, with the
+# compilation cache (in the 8-device process XLA:CPU segfaulted compiling one of its programs,
+# three times in 2026-11-28's 3.13 runs, never on one device).
+EIGHT_DEVICE_FOLDERS = ("tests/distributed", "tests/flax/mesh", "tests/benchmarks")
 ADAPTERS = {"flax": "optcore_flax", "equinox": "optcore_equinox", "treex": "optcore_treex"}
 VERSIONS_SHOWN = ["jax", "jaxlib", "numpy", "optax", "flax", "equinox", "treeo", "orbax-checkpoint"]
 
@@ -230,16 +233,18 @@ def run_pytest(
   env: dict[str, str] | None = None,
   mesh_env: dict[str, str] | None = None,
 ) -> None:
-  """pytest over ``folders``: an 8-device folder inside one (`EIGHT_DEVICE_FOLDERS`) runs
-  after the rest, in a process of its own (JAX's device count is fixed when it starts), with
-  ``mesh_env`` in place of ``env`` where given (the CUDA session's CPU meshes)."""
+  """pytest over ``folders``: those that need 8 devices (`EIGHT_DEVICE_FOLDERS`, also inside a
+  folder given) run after the rest, in a process of their own (JAX's device count is fixed
+  when it starts), with ``mesh_env`` in place of ``env`` where given (the CUDA session's CPU
+  meshes); the rest on one device, with the compilation cache."""
   fetch_test_data(session, folders)
   nested = [m for m in EIGHT_DEVICE_FOLDERS for f in folders if m.startswith(f"{f}/")]
-  if nested:
-    _pytest(session, folders, *(f"--ignore={m}" for m in nested), *extra, env=env)
-    _pytest(session, nested, *extra, env=env if mesh_env is None else mesh_env)
-  else:
-    _pytest(session, folders, *extra, env=env)
+  one = [f for f in folders if not f.startswith(EIGHT_DEVICE_FOLDERS)]
+  eight = [f for f in folders if f.startswith(EIGHT_DEVICE_FOLDERS)] + nested
+  if one:
+    _pytest(session, one, *(f"--ignore={m}" for m in nested), *extra, env=env)
+  if eight:
+    _pytest(session, eight, *extra, env=env if mesh_env is None else mesh_env)
 
 
 def _pytest(
