@@ -66,16 +66,21 @@ FACES = {
 }
 
 
-def _moments(optimizer, shape):
+def moments(optimizer, shape):
+  """The optimizer state's arrays of one shape (Adam's mu and nu of one parameter)."""
   return [a for a in jax.tree.leaves(nnx.state(optimizer, nnx.OptState)) if a.shape == shape]
 
 
 @nnx.jit
-def _step(model, optimizer, x):
+def step(model, optimizer, x):
+  """One jitted training step on ``mean(model(x) ** 2)``."""
   optimizer.update(model, nnx.grad(lambda m: jnp.mean(m(x) ** 2))(model))
 
 
-def _stack(mesh, transform_metadata):
+def stacked_model(mesh, transform_metadata):
+  """Two Linear(16, 16) layers stacked with nnx.vmap and applied with nnx.scan (flax#5112's
+  form): the kernel is (2, 16, 16), named ('A', 'B') mapped to ('a', 'b'), with the stack axis
+  where ``transform_metadata`` adds it."""
   rules = (("A", "a"), ("B", "b"))
 
   class Stack(nnx.Module):
@@ -101,25 +106,29 @@ def _stack(mesh, transform_metadata):
   return Stack(nnx.Rngs(0))
 
 
-def _annotated(mesh):
+def annotated_linear(mesh, bias=True):
+  """Linear(16, 32) on ``mesh``: kernel ('embed', 'mlp') and (``bias``) bias ('mlp',), mapped to
+  ('a', 'b') by its sharding_rules; without ``bias`` the bias names no axes."""
   rules = (("embed", "a"), ("mlp", "b"))
   kernel = nnx.with_partitioning(
     nnx.initializers.lecun_normal(), ("embed", "mlp"), mesh=mesh, sharding_rules=rules
   )
-  bias = nnx.with_partitioning(
-    nnx.initializers.zeros_init(), ("mlp",), mesh=mesh, sharding_rules=rules
-  )
-  return nnx.Linear(16, 32, kernel_init=kernel, bias_init=bias, rngs=nnx.Rngs(0))
+  metadata = {}
+  if bias:
+    metadata["bias_init"] = nnx.with_partitioning(
+      nnx.initializers.zeros_init(), ("mlp",), mesh=mesh, sharding_rules=rules
+    )
+  return nnx.Linear(16, 32, kernel_init=kernel, rngs=nnx.Rngs(0), **metadata)
 
 
 def check_stacked(face: Face, kind: AxisType) -> None:
   """flax#5112 with transform_metadata: every moment has the kernel's three axes."""
   mesh = jax.make_mesh((2, 4), ("a", "b"), axis_types=(kind,) * 2)
-  model = _stack(mesh, {nnx.PARTITION_NAME: None})
+  model = stacked_model(mesh, {nnx.PARTITION_NAME: None})
   want = NamedSharding(mesh, P(None, "a", "b"))
   optimizer = face.Optimizer(model, face.adam(), wrt=nnx.Param)
-  _step(model, optimizer, jnp.ones((4, 16)))
-  for moment in _moments(optimizer, (2, 16, 16)):
+  step(model, optimizer, jnp.ones((4, 16)))
+  for moment in moments(optimizer, (2, 16, 16)):
     assert moment.sharding.is_equivalent_to(want, 3), moment.sharding
   assert model.layers.kernel[...].sharding.is_equivalent_to(want, 3)
 
@@ -130,14 +139,14 @@ def check_stacked_without_the_axis(face: Face, kind: AxisType) -> None:
   mesh = jax.make_mesh((2, 4), ("a", "b"), axis_types=(kind,) * 2)
   with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # the face says what to fix
-    model = _stack(mesh, {})
+    model = stacked_model(mesh, {})
     optimizer = face.Optimizer(model, face.adam(), wrt=nnx.Param)
   layout = model.layers.kernel[...].sharding
   for _ in range(2):
-    _step(model, optimizer, jnp.ones((4, 16)))
+    step(model, optimizer, jnp.ones((4, 16)))
   moved = model.layers.kernel[...].sharding
   assert moved.is_equivalent_to(layout, 3), f"the kernel moved to {moved.spec}"
-  for moment in _moments(optimizer, (2, 16, 16)):
+  for moment in moments(optimizer, (2, 16, 16)):
     assert moment.sharding.is_equivalent_to(layout, 3), f"a moment is {moment.sharding.spec}"
 
 
@@ -150,10 +159,10 @@ def check_optimizer_sharding(face: Face, kind: AxisType) -> None:
     optimizer = face.Optimizer(model, face.adam(), wrt=nnx.Param)
     kernel = model.kernel[...].sharding
     for _ in range(2):
-      _step(model, optimizer, jnp.ones((2, 4)))
+      step(model, optimizer, jnp.ones((2, 4)))
     moved = model.kernel[...].sharding
     assert moved.is_equivalent_to(kernel, 2), f"the kernel moved to {moved.spec}"
-    for moment in _moments(optimizer, (4, 2)):
+    for moment in moments(optimizer, (4, 2)):
       assert moment.sharding.is_equivalent_to(NamedSharding(mesh, P("row", "col")), 2)
 
 
@@ -161,16 +170,16 @@ def _restore(face: Face, abstract_state: Callable[[Any], Any]) -> None:
   import orbax.checkpoint as ocp
 
   mesh = jax.make_mesh((2, 4), ("a", "b"), axis_types=(AxisType.Auto,) * 2)
-  model = _annotated(mesh)
+  model = annotated_linear(mesh)
   optimizer = face.Optimizer(model, face.adam(), wrt=nnx.Param)
-  _step(model, optimizer, jnp.ones((2, 16)))
+  step(model, optimizer, jnp.ones((2, 16)))
   folder = tempfile.mkdtemp() + "/optimizer"
   with ocp.StandardCheckpointer() as checkpointer:
     checkpointer.save(folder, nnx.state(optimizer))
   with ocp.StandardCheckpointer() as checkpointer:
     restored = checkpointer.restore(folder, abstract_state(mesh))
   nnx.update(optimizer, restored)
-  _step(model, optimizer, jnp.ones((2, 16)))
+  step(model, optimizer, jnp.ones((2, 16)))
   assert int(optimizer.step[...]) == 2
 
 
@@ -179,7 +188,9 @@ def check_restore_eval_shape(face: Face) -> None:
 
   def abstract(mesh):
     with jax.set_mesh(mesh):
-      made = nnx.eval_shape(lambda: face.Optimizer(_annotated(mesh), face.adam(), wrt=nnx.Param))
+      made = nnx.eval_shape(
+        lambda: face.Optimizer(annotated_linear(mesh), face.adam(), wrt=nnx.Param)
+      )
     return nnx.state(made)
 
   _restore(face, abstract)
@@ -189,7 +200,7 @@ def check_restore_abstract_model(face: Face) -> None:
   """The same through nnx.get_abstract_model."""
 
   def abstract(mesh):
-    make = lambda: face.Optimizer(_annotated(mesh), face.adam(), wrt=nnx.Param)
+    make = lambda: face.Optimizer(annotated_linear(mesh), face.adam(), wrt=nnx.Param)
     return nnx.get_abstract_model(make, mesh)[1]
 
   _restore(face, abstract)
@@ -200,9 +211,9 @@ def check_counter_under_a_global_mesh(face: Face) -> None:
   and every leaf is on the layers' mesh."""
   layer_mesh = jax.make_mesh((2, 4), ("a", "b"))
   with jax.set_mesh(jax.make_mesh((4, 2), ("data", "context"))):
-    model = _annotated(layer_mesh)
+    model = annotated_linear(layer_mesh)
     optimizer = face.Optimizer(model, face.adam(), wrt=nnx.Param)
-  _step(model, optimizer, jnp.ones((2, 16)))
+  step(model, optimizer, jnp.ones((2, 16)))
   for leaf in jax.tree.leaves(nnx.state(optimizer)):
     assert leaf.sharding.mesh == layer_mesh, leaf.sharding
 
@@ -216,8 +227,8 @@ def check_muon_logical_names(face: Face) -> None:
   )
   model = nnx.Linear(16, 32, kernel_init=init, use_bias=False, rngs=nnx.Rngs(0))
   optimizer = face.Optimizer(model, face.muon(), wrt=nnx.Param)
-  _step(model, optimizer, jnp.ones((2, 16)))
-  for moment in _moments(optimizer, (16, 32)):
+  step(model, optimizer, jnp.ones((2, 16)))
+  for moment in moments(optimizer, (16, 32)):
     assert moment.sharding.is_equivalent_to(NamedSharding(mesh, P("data", "model")), 2)
 
 
@@ -250,11 +261,11 @@ def check_made_inside_jit(face: Face, kind: AxisType) -> None:
 
   @nnx.jit
   def make():
-    model = _stack(mesh, {nnx.PARTITION_NAME: None})
+    model = stacked_model(mesh, {nnx.PARTITION_NAME: None})
     return model, face.Optimizer(model, face.adam(), wrt=nnx.Param)
 
   model, optimizer = make()
-  _step(model, optimizer, jnp.ones((4, 16)))
+  step(model, optimizer, jnp.ones((4, 16)))
   for leaf in jax.tree.leaves(nnx.state(optimizer)):
     assert leaf.sharding.mesh.size == 8, leaf.sharding
 

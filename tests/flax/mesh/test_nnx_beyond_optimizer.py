@@ -20,6 +20,7 @@ from composition import WRAPPERS
 from flax import nnx
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
+from nnx_pains import annotated_linear, moments, stacked_model, step
 
 import optcore
 from optcore_flax import nnx as ocnnx
@@ -34,46 +35,6 @@ def _mesh(kind, shape=(2, 4), names=("a", "b")):
   return jax.make_mesh(shape, names, axis_types=(kind,) * len(names))
 
 
-def _stack(mesh, transform_metadata, layers=2):
-  """A stack of ``layers`` Linear layers made with nnx.vmap, applied with nnx.scan: its kernel
-  is ``(layers, 16, 16)`` with the axis names ``('A', 'B')`` mapped to ``('a', 'b')``."""
-
-  class Stack(nnx.Module):
-    def __init__(self, rngs):
-      init = nnx.with_partitioning(
-        nnx.initializers.lecun_normal(), ("A", "B"), mesh=mesh, sharding_rules=RULES
-      )
-
-      @nnx.split_rngs(splits=layers)
-      @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata=transform_metadata)
-      def create(rngs):
-        return nnx.Linear(16, 16, use_bias=False, kernel_init=init, rngs=rngs)
-
-      self.layers = create(rngs)
-
-    def __call__(self, x):
-      @nnx.scan(in_axes=(0, nnx.Carry), out_axes=nnx.Carry, transform_metadata=transform_metadata)
-      def body(layer, x):
-        return jnp.tanh(layer(x))
-
-      return body(self.layers, x)
-
-  return Stack(nnx.Rngs(0))
-
-
-def _moments(optimizer, shape):
-  leaves = jax.tree.leaves(nnx.state(optimizer, nnx.OptState))
-  return [leaf for leaf in leaves if leaf.shape == shape]
-
-
-def _step(model, optimizer, x):
-  loss = lambda m: jnp.mean(m(x) ** 2)
-  optimizer.update(model, nnx.grad(loss)(model))
-
-
-STEP = nnx.jit(_step)
-
-
 @KINDS
 @pytest.mark.parametrize("stack_axis", [None, "layers"], ids=["replicated", "named"])
 def test_a_stacked_layers_state_follows_the_stack_axis(cpu_devices, kind, stack_axis):
@@ -85,18 +46,18 @@ def test_a_stacked_layers_state_follows_the_stack_axis(cpu_devices, kind, stack_
   else:
     nnx_rules = nnx.logical_axis_rules([])
   with nnx_rules:
-    model = _stack(mesh, {nnx.PARTITION_NAME: stack_axis})
+    model = stacked_model(mesh, {nnx.PARTITION_NAME: stack_axis})
     want = NamedSharding(mesh, P(None, "a", "b"))
     assert model.layers.kernel[...].sharding.is_equivalent_to(want, 3)
     optimizer = ocnnx.Optimizer(model, optcore.adam(1e-2), wrt=nnx.Param)
-    moments = _moments(optimizer, (2, 16, 16))
-    assert len(moments) == 2
-    assert all(m.sharding.is_equivalent_to(want, 3) for m in moments), moments[0].sharding
-    STEP(model, optimizer, jnp.ones((4, 16)))
-    assert all(m.sharding.is_equivalent_to(want, 3) for m in _moments(optimizer, (2, 16, 16)))
+    made = moments(optimizer, (2, 16, 16))
+    assert len(made) == 2
+    assert all(m.sharding.is_equivalent_to(want, 3) for m in made), made[0].sharding
+    step(model, optimizer, jnp.ones((4, 16)))
+    assert all(m.sharding.is_equivalent_to(want, 3) for m in moments(optimizer, (2, 16, 16)))
     assert model.layers.kernel[...].sharding.is_equivalent_to(want, 3)
     optimizer.shard(model, mesh)
-    assert all(m.sharding.is_equivalent_to(want, 3) for m in _moments(optimizer, (2, 16, 16)))
+    assert all(m.sharding.is_equivalent_to(want, 3) for m in moments(optimizer, (2, 16, 16)))
 
 
 @KINDS
@@ -108,14 +69,14 @@ def test_names_without_the_stack_axis_keep_the_arrays_layout_and_shard_refuses_t
   (Auto) or fails to add them (Explicit). The face warns, keeps every moment on the kernel's
   own layout and the kernel where it is; shard(), which places by the names, refuses them."""
   mesh = _mesh(kind)
-  model = _stack(mesh, {})
+  model = stacked_model(mesh, {})
   layout = model.layers.kernel[...].sharding
   with pytest.warns(UserWarning, match=r"'/layers/kernel' has shape \(2, 16, 16\).*PARTITION"):
     optimizer = ocnnx.Optimizer(model, optcore.adam(1e-2), wrt=nnx.Param)
-  STEP(model, optimizer, jnp.ones((4, 16)))
-  STEP(model, optimizer, jnp.ones((4, 16)))
+  step(model, optimizer, jnp.ones((4, 16)))
+  step(model, optimizer, jnp.ones((4, 16)))
   assert model.layers.kernel[...].sharding.is_equivalent_to(layout, 3)
-  assert all(m.sharding.is_equivalent_to(layout, 3) for m in _moments(optimizer, (2, 16, 16)))
+  assert all(m.sharding.is_equivalent_to(layout, 3) for m in moments(optimizer, (2, 16, 16)))
   with pytest.raises(
     optcore.PartitionRuleError,
     match=r"'/layers/kernel' has shape \(2, 16, 16\) \(3 dimensions\) but its sharding metadata "
@@ -139,33 +100,20 @@ def test_a_jitted_step_keeps_the_model_where_it_is_with_optimizer_sharding(cpu_d
     kernel, bias = model.kernel[...].sharding, model.bias[...].sharding
     assert kernel.is_equivalent_to(NamedSharding(mesh, P()), 2)
     for _ in range(2):
-      STEP(model, optimizer, x)
+      step(model, optimizer, x)
     assert model.kernel[...].sharding.is_equivalent_to(kernel, 2)
     assert model.bias[...].sharding.is_equivalent_to(bias, 1)
-    for moment in _moments(optimizer, (4, 2)):
+    for moment in moments(optimizer, (4, 2)):
       assert moment.sharding.is_equivalent_to(NamedSharding(mesh, P("row", "col")), 2)
   alone = nnx.Linear(4, 2, rngs=nnx.Rngs(0))
   alone_optimizer = ocnnx.Optimizer(alone, optcore.adam(1e-2), wrt=nnx.Param)
   for _ in range(2):
-    STEP(alone, alone_optimizer, x)
+    step(alone, alone_optimizer, x)
   # The same steps on 4 devices and on one: the gradients' sums over the batch may be fused
   # differently. Measured: equal to the bit with default code, the bias 1 ulp apart under
   # SSE4_2 code (jax 0.12 and 0.10.2); 2 ulps allowed.
   _within_ulps(2)(model.kernel[...], alone.kernel[...])
   _within_ulps(2)(model.bias[...], alone.bias[...])
-
-
-def _annotated(mesh, bias=True):
-  rules = (("embed", "a"), ("mlp", "b"))
-  kernel = nnx.with_partitioning(
-    nnx.initializers.lecun_normal(), ("embed", "mlp"), mesh=mesh, sharding_rules=rules
-  )
-  metadata = {}
-  if bias:
-    metadata["bias_init"] = nnx.with_partitioning(
-      nnx.initializers.zeros_init(), ("mlp",), mesh=mesh, sharding_rules=rules
-    )
-  return nnx.Linear(16, 32, kernel_init=kernel, rngs=nnx.Rngs(0), **metadata)
 
 
 def test_counters_live_on_the_parameters_mesh_not_a_global_one(cpu_devices):
@@ -175,18 +123,18 @@ def test_counters_live_on_the_parameters_mesh_not_a_global_one(cpu_devices):
   layer_mesh = jax.make_mesh((2, 4), ("a", "b"))
   global_mesh = jax.make_mesh((4, 2), ("data", "context"))
   with jax.set_mesh(global_mesh):
-    model = _annotated(layer_mesh)
+    model = annotated_linear(layer_mesh)
     optimizer = ocnnx.Optimizer(model, optcore.adam(1e-2), wrt=nnx.Param)
-  STEP(model, optimizer, jnp.ones((2, 16)))
+  step(model, optimizer, jnp.ones((2, 16)))
   for leaf in jax.tree.leaves(nnx.state(optimizer)):
     assert leaf.sharding.mesh == layer_mesh, leaf.sharding
   assert int(optimizer.step[...]) == 1
 
 
 def _saved(tmp_path, mesh):
-  model = _annotated(mesh, bias=False)
+  model = annotated_linear(mesh, bias=False)
   optimizer = ocnnx.Optimizer(model, optcore.adam(1e-2), wrt=nnx.Param)
-  STEP(model, optimizer, jnp.ones((2, 16)))
+  step(model, optimizer, jnp.ones((2, 16)))
   with ocp.StandardCheckpointer() as checkpointer:
     checkpointer.save(tmp_path / "optimizer", nnx.state(optimizer))
   return model, optimizer
@@ -197,12 +145,12 @@ def _restore_and_step(tmp_path, mesh, abstract_state, model, optimizer):
     restored = checkpointer.restore(tmp_path / "optimizer", abstract_state)
   for leaf in jax.tree.leaves(restored):
     assert leaf.sharding.mesh == mesh, leaf.sharding  # counters too, not one device
-  fresh_model = _annotated(mesh, bias=False)
+  fresh_model = annotated_linear(mesh, bias=False)
   nnx.update(fresh_model, nnx.state(model))
   fresh = ocnnx.Optimizer(fresh_model, optcore.adam(1e-2), wrt=nnx.Param)
   nnx.update(fresh, restored)
-  STEP(fresh_model, fresh, jnp.ones((2, 16)))
-  STEP(model, optimizer, jnp.ones((2, 16)))
+  step(fresh_model, fresh, jnp.ones((2, 16)))
+  step(model, optimizer, jnp.ones((2, 16)))
   assert int(fresh.step[...]) == 2
   # The same step from the same state, compiled anew for the restored arrays (whose specs read
   # P(None,) where the kept ones read P()): XLA may fuse the two programs differently. Measured:
@@ -229,7 +177,7 @@ def test_a_restore_into_nnx_eval_shape_resumes_on_the_mesh(cpu_devices, tmp_path
   model, optimizer = _saved(tmp_path, mesh)
   with jax.set_mesh(mesh):
     abstract = nnx.eval_shape(
-      lambda: ocnnx.Optimizer(_annotated(mesh, bias=False), optcore.adam(1e-2), wrt=nnx.Param)
+      lambda: ocnnx.Optimizer(annotated_linear(mesh, bias=False), optcore.adam(1e-2), wrt=nnx.Param)
     )
   _restore_and_step(tmp_path, mesh, nnx.state(abstract), model, optimizer)
 
@@ -239,7 +187,7 @@ def test_a_restore_into_nnx_get_abstract_model_resumes_on_the_mesh(cpu_devices, 
   model, optimizer = _saved(tmp_path, mesh)
 
   def make():
-    return ocnnx.Optimizer(_annotated(mesh, bias=False), optcore.adam(1e-2), wrt=nnx.Param)
+    return ocnnx.Optimizer(annotated_linear(mesh, bias=False), optcore.adam(1e-2), wrt=nnx.Param)
 
   _, abstract_state = nnx.get_abstract_model(make, mesh)
   _restore_and_step(tmp_path, mesh, abstract_state, model, optimizer)
@@ -253,15 +201,15 @@ def test_an_optimizer_made_inside_nnx_jit_is_placed_as_outside(cpu_devices, kind
 
   @nnx.jit
   def make():
-    model = _stack(mesh, {nnx.PARTITION_NAME: None})
+    model = stacked_model(mesh, {nnx.PARTITION_NAME: None})
     return model, ocnnx.Optimizer(model, optcore.adam(1e-2), wrt=nnx.Param)
 
   model, optimizer = make()
   want = NamedSharding(mesh, P(None, "a", "b"))
-  assert all(m.sharding.is_equivalent_to(want, 3) for m in _moments(optimizer, (2, 16, 16)))
+  assert all(m.sharding.is_equivalent_to(want, 3) for m in moments(optimizer, (2, 16, 16)))
   for leaf in jax.tree.leaves(nnx.state(optimizer)):
     assert leaf.sharding.mesh.size == 8, leaf.sharding
-  STEP(model, optimizer, jnp.ones((4, 16)))
+  step(model, optimizer, jnp.ones((4, 16)))
 
 
 @KINDS
@@ -314,8 +262,8 @@ def test_muon_reads_the_logical_names_before_sharding_rules_resolve_them(cpu_dev
   kernel = np.asarray(model.kernel[...])
   optimizer = ocnnx.Optimizer(model, optcore.contrib.muon(0.02), wrt=nnx.Param)
   x = jnp.linspace(-1.0, 1.0, 32, dtype=jnp.float32).reshape(2, 16)
-  STEP(model, optimizer, x)
-  for moment in _moments(optimizer, (16, 32)):
+  step(model, optimizer, x)
+  for moment in moments(optimizer, (16, 32)):
     assert moment.sharding.is_equivalent_to(NamedSharding(mesh, P("data", "model")), 2)
   grad = jax.grad(lambda w: jnp.mean((x @ w) ** 2))(jnp.asarray(kernel))
   dims = optcore.contrib.muon(0.02, param_logical_axes={"w": P("embed", "mlp")})
@@ -336,7 +284,7 @@ def test_shard_maps_the_logical_names_by_the_variables_rules_and_the_callers(cpu
   )
   model = nnx.Linear(16, 32, kernel_init=init, use_bias=False, rngs=nnx.Rngs(0))
   optimizer = ocnnx.Optimizer(model, optcore.adam(1e-2), wrt=nnx.Param)
-  specs = lambda: {m.sharding.spec for m in _moments(optimizer, (16, 32))}
+  specs = lambda: {m.sharding.spec for m in moments(optimizer, (16, 32))}
   assert specs() == {P(None, "model")}
   optimizer.shard(model, mesh, [("embed", "data")])
   assert specs() == {P("data", "model")}
@@ -353,13 +301,13 @@ def test_a_state_restored_by_restore_state_lands_where_the_optimizer_keeps_it(cp
   """restore_state (and transplant) write through the same placement: a state dict of NumPy
   arrays comes back on the mesh, the counters replicated there."""
   mesh = _mesh(AxisType.Auto)
-  model = _annotated(mesh)
+  model = annotated_linear(mesh)
   optimizer = ocnnx.Optimizer(model, optcore.adam(1e-2), wrt=nnx.Param)
   saved = jax.tree.map(np.asarray, optimizer.state_dict())
   optimizer.restore_state(saved)
   for leaf in jax.tree.leaves(nnx.state(optimizer)):
     assert isinstance(leaf, jax.Array) and leaf.sharding.mesh == mesh, type(leaf)
-  assert _moments(optimizer, (16, 32))[0].sharding.spec == P("a", "b")
+  assert moments(optimizer, (16, 32))[0].sharding.spec == P("a", "b")
 
 
 WRAPPED = {

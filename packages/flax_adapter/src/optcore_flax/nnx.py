@@ -103,7 +103,8 @@ class Optimizer(nnx.Optimizer):
       wrt = nnx.Param
     optimizer_def = adapter.as_definition(tx, "optcore_flax.nnx.Optimizer")
     optimizer_def = _with_variable_selectors(optimizer_def, model, wrt)
-    variables, treedef = placed.read_variables(nnx.state(model, wrt))
+    trained = nnx.state(model, wrt)
+    variables, treedef = placed.read_variables(trained)
     axes = placed.logical_axes(variables, treedef)
     if axes is not None:  # a definition that reads them (contrib.muon) takes the model's own
       optimizer_def = optimizer_def.with_param_logical_axes(axes)
@@ -115,22 +116,22 @@ class Optimizer(nnx.Optimizer):
     placing = any(v.mesh is not None for v in variables)
     super().__init__(model, placed.without_eager_sharding(tx) if placing else tx, wrt=wrt, **kwargs)
     self.tx = tx
+    state_variables = _state_variables(self)
     self._placement = placed.at_creation(
       optimizer_def,
       _as_state(self),
       nnx.as_pure(self.opt_state),
-      _state_variables(self),
-      nnx.as_pure(nnx.state(model, wrt)),
+      state_variables,
+      nnx.as_pure(trained),
       variables,
       treedef,
     )
     if self._placement is not None:
-      variables_ = [v for _, v in _state_variables(self)]
-      values = placed.place([v.get_value() for v in variables_], self._placement.state)
-      for variable, value in zip(variables_, values, strict=True):
+      held = [v for _, v in state_variables]
+      values = placed.place([v.get_value() for v in held], self._placement.state)
+      for variable, value in zip(held, values, strict=True):
         variable.set_value(value)
-      self.step.set_value(placed.place([self.step.get_value()], [self._placement.step])[0])
-      placed.declare([*variables_, self.step], [*self._placement.state, self._placement.step])
+      self._place_step_and_declare(placed.place)
     if holds_model:
       self.model = model
 
@@ -329,10 +330,18 @@ class Optimizer(nnx.Optimizer):
       placement,
     )
     self._set_state(jax.device_put(state, shardings))
-    self.step.set_value(placed.keep([self.step.get_value()], [self._placement.step])[0])
-    state_variables = [v for _, v in _state_variables(self)]
-    placed.declare([*state_variables, self.step], [*self._placement.state, self._placement.step])
+    self._place_step_and_declare(placed.keep)
     return self
+
+  def _place_step_and_declare(self, put: _Any) -> None:
+    """Puts the step where the placement keeps it (``put``: `placed.place` at creation,
+    `placed.keep` after) and writes the placement into the state variables' metadata."""
+    placement = self._placement
+    if placement is None:
+      return
+    self.step.set_value(put([self.step.get_value()], [placement.step])[0])
+    held = [v for _, v in _state_variables(self)]
+    placed.declare([*held, self.step], [*placement.state, placement.step])
 
   def _set_state(self, state: optcore.OptimizerState) -> None:
     """Writes ``state`` into this optimizer's variables (their metadata kept)."""
