@@ -204,29 +204,55 @@ class WithStatistics(StateWrapper):
     self, hyper_params: Any, params: PyTree, state: OptimizerState, grads: PyTree, **extra_args: Any
   ) -> tuple[PyTree, OptimizerState]:
     """The wrapped step, then each group's norms of the gradients, of the update (new minus
-    old parameters) and of the new parameters; a few reductions, global under sharding."""
+    old parameters) and of the new parameters; a few reductions, global under sharding.
+
+    Where the wrapped definition is element-wise (`OptimizerDef.why_not_elementwise`), a
+    leaf's sums are read before the step writes anything (`_summed_ahead`): one reduction
+    reads its gradient, parameter and state once and computes the new parameter inside it
+    (XLA fuses the element-wise update into it), and the step that writes waits for the sums
+    (`_after`). The old parameters are never read after the write, so a donated step keeps
+    no copy of them: 16 bytes a float32 parameter beside an adamw step's 40 (issue 65). Any
+    other leaf is summed after the step from new minus old, with a copy of the old
+    parameters: 20 bytes.
+    """
     own = state.param_states
-    new_params, new_inner = self.optimizer_def.apply_gradient(
-      hyper_params, params, OptimizerState(state.step, own.inner), grads, **extra_args
-    )
+    inner = OptimizerState(state.step, own.inner)
+
+    def step(params: PyTree, inner: OptimizerState, grads: PyTree) -> tuple[PyTree, Any]:
+      return self.optimizer_def.apply_gradient(hyper_params, params, inner, grads, **extra_args)
+
     assigned, names = self._assignment(params)
     treedef = jax.tree.structure(params)
-    triples = [
-      (g, jnp.asarray(new, jnp.float32) - jnp.asarray(old, jnp.float32), new)
-      for new, old, g in zip(
-        jax.tree.leaves(new_params),
-        jax.tree.leaves(params),
-        treedef.flatten_up_to(grads),
-        strict=True,
+    olds, gs = jax.tree.leaves(params), treedef.flatten_up_to(grads)
+    elementwise = self.optimizer_def.why_not_elementwise() is None
+    early = [elementwise and _summed_ahead(old) for old in olds]
+    new_params, new_inner = step(params, inner, grads)  # the trial, where any leaf is early
+    columns: list[Any] = [None] * len(olds)
+    if any(early):
+      trial = jax.tree.leaves(new_params)
+      which = [i for i, e in enumerate(early) if e]
+      sums = _square_sums([_triple(gs[i], olds[i], trial[i]) for i in which])
+      columns = _placed(columns, which, sums)
+      # the step again, on its inputs made to wait for the sums: the one that is kept (a
+      # late leaf's trial is unused, and dropped)
+      zero = _zero_after(jnp.stack(sums))
+      waiting = [_after(zero, x) if e else x for e, x in zip(early, olds, strict=True)]
+      waiting_grads = [_after(zero, x) if e else x for e, x in zip(early, gs, strict=True)]
+      new_params, new_inner = step(
+        treedef.unflatten(waiting), _after(zero, inner), treedef.unflatten(waiting_grads)
       )
-    ]
-    columns = _square_sums(triples)  # each leaf's [sum |g|^2, sum |update|^2, sum |new|^2]
+    late = [i for i, e in enumerate(early) if not e]
+    if late:
+      new = jax.tree.leaves(new_params)
+      columns = _placed(
+        columns, late, _square_sums([_triple(gs[i], olds[i], new[i]) for i in late])
+      )
     # each group's row is its leaves' sums (one segment sum: a reduction a group was a kernel
     # and an output a group), 'global' last is every leaf's; a leaf in no group lands there
     # and is overwritten
     index = {name: i for i, name in enumerate(names)}
     if columns:
-      stacked = jnp.stack(columns)
+      stacked = jnp.stack(columns)  # each leaf's [sum |g|^2, sum |update|^2, sum |new|^2]
       ids = np.array([index.get(str(g), len(names) - 1) for g in assigned], np.int32)
       totals = jax.ops.segment_sum(stacked, ids, num_segments=len(names))
       totals = totals.at[-1].set(jnp.sum(stacked, 0))
@@ -241,6 +267,36 @@ class WithStatistics(StateWrapper):
     return f"with_statistics({self.optimizer_def!r}{groups})"
 
 
+def _triple(grad: Any, old: Any, new: Any) -> tuple[Any, jax.Array, Any]:
+  """A leaf's ``(gradient, update, new parameter)``, the update new minus old in float32."""
+  return grad, jnp.asarray(new, jnp.float32) - jnp.asarray(old, jnp.float32), new
+
+
+def _placed(columns: list[Any], where: list[int], sums: list[jax.Array]) -> list[Any]:
+  """``columns`` with ``sums[k]`` at ``where[k]``."""
+  out = list(columns)
+  for i, row in zip(where, sums, strict=True):
+    out[i] = row
+  return out
+
+
+#: On XLA:CPU a leaf of this many values or more is summed after the step (new minus old,
+#: the old parameters copied: 20 bytes a float32 parameter) rather than ahead of it (16
+#: bytes). XLA:CPU computes a reduction's fused operands one value at a time on one core, so
+#: the element-wise update recomputed inside it costs about 3 ns a value, where the step's
+#: own vectorized loops on every core cost less: on 4 matrices of 1024 x 1024 with adamw,
+#: ahead x3.9 the plain step, after x2.2 (2-core CPU, both stacks, issue 65). Below it the
+#: step's own fixed costs dominate: a transformer-shaped model's matrices of 97k values run
+#: ahead at x1.1-1.3. A GPU computes the update inside its reductions at full speed: there
+#: every leaf is summed ahead.
+SUMMED_AFTER_FROM = 1 << 18
+
+
+def _summed_ahead(old: Any) -> bool:
+  """Whether a leaf's sums are read before the step writes (an element-wise definition)."""
+  return jax.default_backend() != "cpu" or jnp.size(old) < SUMMED_AFTER_FROM
+
+
 def _square(x: Any) -> jax.Array:
   """``|x|^2`` elementwise in float32 (a complex gradient's modulus)."""
   return jnp.abs(jnp.asarray(x)).astype(jnp.float32) ** 2
@@ -251,11 +307,13 @@ def _square_sum(x: Any) -> jax.Array:
   return jnp.sum(_square(x))
 
 
-#: Below this many elements a leaf's three sums are one variadic reduction (one kernel where a
-#: step of many small leaves pays per kernel), above it three plain ones (XLA:CPU vectorizes
-#: those, not a variadic one). Measured on an adamw step (2-core CPU, benchmarks/robustness.py
-#: and issue 52): at 1M parameters in 310 leaves, one reduction x1.83 the plain step and 60
-#: bytes accessed a parameter, three x2.17 and 78; at 4M in 10 leaves, x3.6 against x2.0.
+#: From this many elements a leaf's three sums are one reduction over its rows of `COLUMNS`
+#: values (`_column_sums`), with the others of about its size below it. One reduction reads
+#: the leaf once; three read it three times (and on jax 0.12 XLA:CPU hands a plain sum to a
+#: library kernel that reads its operand from memory: the square written, then read).
+#: Measured on an adamw step (2-core CPU, issue 65): a transformer-shaped model (10
+#: matrices of 97k values, 300 small leaves) read 71.4 bytes a parameter with three
+#: reductions, 60.1 with one (new - old, the old parameters copied).
 ONE_REDUCTION_BELOW = 1 << 16
 
 #: On one device, small leaves of about one size (sorted by size, at most twice the smallest)
@@ -277,14 +335,15 @@ def _one_device() -> bool:
 
 def _square_sums(triples: list[tuple[Any, jax.Array, Any]]) -> list[jax.Array]:
   """Each ``(g, update, new)``'s ``[sum |g|^2, sum |update|^2, sum |new|^2]`` in float32: a
-  large leaf's in three reductions, a small one's in one, shared with others of about its size
-  on one device."""
+  large leaf's in one reduction along its rows (`_column_sums`), a small one's in one shared
+  with others of about its size on one device."""
   out: list[Any] = [None] * len(triples)
   small = []
   for i, (g, update, new) in enumerate(triples):
-    if jnp.size(new) >= ONE_REDUCTION_BELOW or jnp.shape(g) != jnp.shape(new):
-      # large, or per-example gradients (dpsgd's leading axis of examples)
+    if jnp.shape(g) != jnp.shape(new):  # per-example gradients (dpsgd's leading axis)
       out[i] = jnp.stack([_square_sum(g), _square_sum(update), _square_sum(new)])
+    elif jnp.size(new) >= ONE_REDUCTION_BELOW:
+      out[i] = _column_sums(tuple(_square(x) for x in (g, update, new)))
     else:
       small.append(i)
   if not _one_device():
@@ -304,6 +363,57 @@ def _square_sums(triples: list[tuple[Any, jax.Array, Any]]) -> list[jax.Array]:
     for i, row in zip(chunk, _variadic_sums(stacked, (1,)), strict=True):
       out[i] = row
   return out
+
+
+#: A large leaf's sums are taken along rows of this many values: one reduction a row, then
+#: the rows' sums added. XLA:CPU emits a reduction that computes its operands (here the
+#: element-wise update, recomputed inside it) as a scalar loop; along contiguous rows it
+#: reads memory in order (over the flattened leaf, or down the columns, it ran x4.6 and
+#: x7.0 the plain step on 4 matrices of 1024 x 1024, against x3.5 along rows; issue 65).
+COLUMNS = 128
+
+
+def _column_sums(squares: tuple[jax.Array, ...]) -> jax.Array:
+  """The three arrays' sums in one reduction along rows of `COLUMNS` values (the last padded
+  with zeros), then the rows' sums added: float32 sums of 128 values and of the rows', where
+  one run over a flattened leaf of 66k values was 2e-6 off float64's (issue 65)."""
+  length = -(-squares[0].size // COLUMNS) * COLUMNS
+  rows = tuple(_padded(x, length).reshape(-1, COLUMNS) for x in squares)
+  return jnp.sum(_variadic_sums(rows, (1,)), 0)
+
+
+def _zero_after(sums: jax.Array) -> jax.Array:
+  """A uint32 zero computed from ``sums`` that XLA cannot fold: the least of their bits and
+  0. What `_after` makes a step wait on."""
+  bits = jax.lax.bitcast_convert_type(sums, jnp.uint32)
+  return jnp.min(jnp.minimum(bits, jnp.uint32(0)))
+
+
+def _after(zero: jax.Array, tree: PyTree) -> PyTree:
+  """``tree`` unchanged, each floating leaf made to wait for ``zero`` (`_zero_after`): OR-ed
+  with it bitwise.
+
+  A step that writes the new parameters reading its inputs through it comes after every read
+  of the old parameters and state by the sums, which lets a donated step write them in place.
+  jax 0.10's XLA drops an `optimization_barrier` before it decides, and copies; a data
+  dependency it keeps. Were a later XLA to fold the zero, the step would be the same, with a
+  copy again.
+  """
+
+  def wait(x: Any) -> Any:
+    if not isinstance(x, jax.Array) or not jnp.issubdtype(x.dtype, jnp.floating):
+      return x
+    bits = _UNSIGNED.get(jnp.dtype(x.dtype).itemsize)
+    if bits is None:
+      return x
+    as_bits = jax.lax.bitcast_convert_type(x, bits)
+    return jax.lax.bitcast_convert_type(as_bits | zero.astype(bits), x.dtype)
+
+  return jax.tree.map(wait, tree)
+
+
+#: The unsigned integer of each floating width, for `_after`'s bitwise OR.
+_UNSIGNED = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}
 
 
 def _padded(x: jax.Array, length: int) -> jax.Array:
