@@ -35,6 +35,7 @@ import optax.contrib
 from flax import nnx
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
+from timing import version_suffix
 
 import optcore
 from optcore_flax import nnx as ocnnx
@@ -328,7 +329,7 @@ def main() -> None:
   held = {k: sum(v == "holds" for v in r.values()) for k, r in results.items()}
   lines += ["", f"Holds: Flax's {held['flax']} of {len(checks())}, the face's {held['optcore']}."]
   RESULTS.mkdir(exist_ok=True)
-  suffix = jax.__version__.replace(".", "_")
+  suffix = version_suffix()
   (RESULTS / f"nnx_pains_jax{suffix}.md").write_text("\n".join(lines) + "\n")
   (RESULTS / f"nnx_pains_jax{suffix}.json").write_text(json.dumps(results, indent=1) + "\n")
   print("\n".join(lines))

@@ -1,5 +1,5 @@
 """What watching and guarding a run costs: `with_statistics` and `skip_bad_steps` against the
-same adamw step without them.
+same adamw step without them, on three model shapes.
 
 Each row times a jitted adamw step (with donation) three ways, every one against the bare step,
 compile-order balanced over shuffled rounds (timing.py):
@@ -10,14 +10,16 @@ compile-order balanced over shuffled rounds (timing.py):
   skip        optcore.skip_bad_steps(adamw): the global norm, the window rule and a select
   A/A         the bare step against a separately built bare step (the noise band)
 
-for a model of 300 small leaves and one of 10 large ones. skip_bad_steps runs the wrapped step
-under lax.cond: a select (jnp.where over the parameters and the state, kept or dropped after the
-update) measured x1.33 at 300 leaves and x2.74 at 10 large ones here, three more passes over
-every parameter-shaped array; the cond adds the norm's one pass over the gradients.
+The shapes (issue 65): uniform, 310 leaves of mixed sizes (128 columns where large, issue
+52's); transformer-shaped, 10 matrices of 256 columns and 300 small leaves of 1 to 1,200
+values (biases, norms, heads); and a few huge matrices, 4 of 1024 x 1024.
 
-A second table gives XLA's bytes accessed and temporaries a parameter (cost_analysis) of each
-step donated and not, beside a hand-written skip (optax's adamw under lax.cond on the global
-norm): what the cond's copies of the parameters and the state would cost, if it made them.
+A second table gives XLA's bytes accessed, temporaries and `copy` instructions a parameter
+(cost_analysis, memory_analysis, the compiled HLO) of each donated step, beside a hand-written
+skip (optax's adamw under lax.cond on the global norm).
+
+Results go to results/robustness_jax<version>.md: `nox -s bench` runs it on the oldest and the
+newest stack uv.lock resolves.
 
   python benchmarks/robustness.py [--quick]
 """
@@ -32,7 +34,15 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import optax
-from timing import balanced_ratio, device_name, donated_runner, make_params
+from timing import (
+  balanced_ratio,
+  device_name,
+  donated_runner,
+  huge_params,
+  make_params,
+  transformer_params,
+  version_suffix,
+)
 
 import optcore
 
@@ -50,8 +60,15 @@ def runner(key: str, params: dict, steps: int):
   return donated_runner(DEFS[key](), params, steps)
 
 
-def bench(total: int, leaves: int, rounds: int, steps: int) -> dict:
-  params = make_params(total, leaves)
+#: Each shape's parameters at a total size (about; a few huge matrices: 4 square ones).
+SHAPES = {
+  "uniform": lambda total: make_params(total, 310),
+  "transformer-shaped": transformer_params,
+  "huge matrices": lambda total: huge_params(total, 4),
+}
+
+
+def bench(params: dict, rounds: int, steps: int) -> dict:
   build = lambda key: runner(key, params, steps)
   row = {"params": int(sum(p.size for p in params.values())), "leaves": len(params)}
   for key in ("statistics", "statistics_one_group", "skip", "control"):
@@ -80,9 +97,8 @@ def hand_written_skip(params: dict):
   return step, (params, tx.init(params))
 
 
-def step_bytes(total: int, leaves: int) -> list[dict]:
-  """Bytes accessed and temporaries a parameter of each step, donated and kept."""
-  params = make_params(total, leaves)
+def step_bytes(params: dict) -> list[dict]:
+  """Bytes accessed, temporaries and copies a parameter of each donated step."""
   count = sum(p.size for p in params.values())
   grads = jax.tree.map(jnp.ones_like, params)
   steps = {
@@ -92,75 +108,86 @@ def step_bytes(total: int, leaves: int) -> list[dict]:
   steps["hand-written skip"] = hand_written_skip(params)
   rows = []
   for name, (fn, first) in steps.items():
-    for donated in (True, False):
-      compiled = jax.jit(fn, donate_argnums=(0,) if donated else ()).lower(first, grads).compile()
-      cost = compiled.cost_analysis()
-      cost = cost[0] if isinstance(cost, list) else cost
-      temp = compiled.memory_analysis().temp_size_in_bytes
-      rows.append({
-        "step": name, "donated": donated, "bytes": cost["bytes accessed"] / count,
-        "temporaries": temp / count,
-      })  # fmt: skip
+    compiled = jax.jit(fn, donate_argnums=(0,)).lower(first, grads).compile()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    temp = compiled.memory_analysis().temp_size_in_bytes
+    copies = sum(" copy(" in line for line in compiled.as_text().splitlines())
+    rows.append({
+      "step": name, "bytes": cost["bytes accessed"] / count, "temporaries": temp / count,
+      "copies": copies,
+    })  # fmt: skip
   return rows
+
+
+NAMES = {
+  "bare": "adamw",
+  "statistics": "with_statistics(adamw)",
+  "skip": "skip_bad_steps(adamw)",
+}
 
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--rounds", type=int, default=11)
   parser.add_argument("--steps", type=int, default=30)
+  parser.add_argument("--total", type=int, default=1_000_000)
   parser.add_argument("--quick", action="store_true")
+  parser.add_argument("--out", default=str(RESULTS))
   args = parser.parse_args()
-  shapes = [(1_000_000, 310), (4_000_000, 10)]  # 310 leaves: issue 52's measure
+  totals = {"uniform": args.total, "transformer-shaped": args.total, "huge matrices": 4 * 2**20}
   if args.quick:
-    shapes, args.rounds, args.steps = [(10_000, 20)], 3, 3
+    args.rounds, args.steps = 3, 3
+    totals = {name: 20_000 for name in totals}
   device = jax.devices()[0]
   machine = f"{device_name(device)}, {platform.machine()}, jax {jax.__version__}"
   print(f"device: {machine}; optax {optax.__version__}")
   rows = []
-  for total, leaves in shapes:
-    row = bench(total, leaves, args.rounds, args.steps)
+  for shape, make in SHAPES.items():
+    params = make(totals[shape])
+    row = {"shape": shape, **bench(params, args.rounds, args.steps), "bytes": step_bytes(params)}
     rows.append(row)
     print(
-      f"{row['params'] / 1e6:.2f}M params in {row['leaves']} leaves: bare {row['bare_ms']:.3f} ms"
-      f" | with_statistics x{row['statistics']:.3f} (one group "
+      f"{shape}: {row['params'] / 1e6:.2f}M params in {row['leaves']} leaves: bare "
+      f"{row['bare_ms']:.3f} ms | with_statistics x{row['statistics']:.3f} (one group "
       f"x{row['statistics_one_group']:.3f}) | skip_bad_steps x{row['skip']:.3f} | "
       f"A/A x{row['control']:.3f}"
     )
-  RESULTS.mkdir(exist_ok=True)
-  (RESULTS / "robustness.json").write_text(json.dumps({"device": machine, "rows": rows}, indent=2))
+  out = Path(args.out)
+  out.mkdir(exist_ok=True)
+  name = f"robustness_jax{version_suffix()}"
+  (out / f"{name}.json").write_text(json.dumps({"device": machine, "rows": rows}, indent=2))
   q = lambda r, k: f"{r[k]:.3f} [{r[k + '_quartiles'][0]:.3f}-{r[k + '_quartiles'][1]:.3f}]"
   lines = [
-    f"adamw step, jitted ({machine}); each ratio over the bare step, median [quartiles].",
+    f"adamw step, jitted and donated ({machine}); each ratio over the bare step, median "
+    "[quartiles].",
     "",
-    "| params | leaves | bare step (ms) | with_statistics | with_statistics, one group "
+    "| shape | params | leaves | bare step (ms) | with_statistics | with_statistics, one group "
     "| skip_bad_steps | A/A control |",
-    "|---|---|---|---|---|---|---|",
+    "|---|---|---|---|---|---|---|---|",
   ]
   for r in rows:
     lines.append(
-      f"| {r['params'] / 1e6:.2f}M | {r['leaves']} | {r['bare_ms']:.3f} | {q(r, 'statistics')} "
-      f"| {q(r, 'statistics_one_group')} | {q(r, 'skip')} | {q(r, 'control')} |"
+      f"| {r['shape']} | {r['params'] / 1e6:.2f}M | {r['leaves']} | {r['bare_ms']:.3f} "
+      f"| {q(r, 'statistics')} | {q(r, 'statistics_one_group')} | {q(r, 'skip')} "
+      f"| {q(r, 'control')} |"
     )
-  total, leaves = shapes[0]
   lines += [
     "",
-    f"Bytes a parameter of each step at {total / 1e6:g}M parameters in {leaves} leaves (XLA's "
-    "cost_analysis: bytes accessed; temporaries from its memory analysis):",
+    "Bytes a parameter of each donated step (XLA's cost_analysis: bytes accessed; temporaries "
+    "from its memory analysis; `copy` instructions in the compiled step):",
     "",
-    "| step | donated | bytes accessed | temporaries |",
-    "|---|---|---|---|",
+    "| shape | step | bytes accessed | temporaries | copies |",
+    "|---|---|---|---|---|",
   ]
-  for r in step_bytes(total, leaves):
-    name = {
-      "bare": "adamw",
-      "statistics": "with_statistics(adamw)",
-      "skip": "skip_bad_steps(adamw)",
-    }.get(r["step"], r["step"])
-    lines.append(
-      f"| {name} | {'yes' if r['donated'] else 'no'} | {r['bytes']:.1f} | {r['temporaries']:.2f} |"
-    )
-  (RESULTS / "robustness.md").write_text("\n".join(lines) + "\n")
-  print(f"wrote {RESULTS / 'robustness.md'}")
+  for r in rows:
+    for b in r["bytes"]:
+      lines.append(
+        f"| {r['shape']} | {NAMES.get(b['step'], b['step'])} | {b['bytes']:.1f} "
+        f"| {b['temporaries']:.2f} | {b['copies']} |"
+      )
+  (out / f"{name}.md").write_text("\n".join(lines) + "\n")
+  print(f"wrote {out / name}.md")
 
 
 if __name__ == "__main__":

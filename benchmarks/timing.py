@@ -46,6 +46,38 @@ def make_params(total: int, leaves: int, seed: int = 0) -> dict[str, jax.Array]:
   return params
 
 
+def transformer_params(total: int, seed: int = 0) -> dict[str, jax.Array]:
+  """A transformer's shapes at about ``total`` float32 values: 10 matrices of 256 columns and
+  300 small leaves of 1 to 1,200 values (biases, norms, heads; sizes spaced geometrically)."""
+  small = np.round(np.geomspace(1, 1200, 300)).astype(int)
+  if total < 4 * small.sum():
+    small = np.maximum(1, small * total // (4 * small.sum()))
+  rows = max(1, int(total - small.sum()) // (10 * 256))
+  rng = np.random.default_rng(seed)
+  params = {
+    f"matrix_{i}": jnp.asarray(rng.standard_normal((rows, 256), dtype=np.float32))
+    for i in range(10)
+  }
+  for i, size in enumerate(small):
+    params[f"small_{i:03d}"] = jnp.asarray(rng.standard_normal(int(size), dtype=np.float32))
+  return params
+
+
+def huge_params(total: int, leaves: int, seed: int = 0) -> dict[str, jax.Array]:
+  """``leaves`` square float32 matrices adding up to about ``total`` values."""
+  side = max(1, math.isqrt(total // leaves))
+  rng = np.random.default_rng(seed)
+  return {
+    f"huge_{i}": jnp.asarray(rng.standard_normal((side, side), dtype=np.float32))
+    for i in range(leaves)
+  }
+
+
+def version_suffix() -> str:
+  """This stack's jax version for a result file's name: ``'0_12_0_1'``."""
+  return jax.__version__.replace(".", "_")
+
+
 def raw_step(tx: optax.GradientTransformation):
   """A fresh jitted, donated raw-optax step: ``tx.update`` + ``optax.apply_updates``."""
 
