@@ -155,6 +155,51 @@ def _coarse_codes(bits: int, signed: bool) -> tuple[np.ndarray, np.ndarray, int]
   return below.astype(np.uint8 if len(midpoints) < 256 else np.uint16), midpoints, widest
 
 
+@functools.cache
+def _nearest_table(bits: int, signed: bool) -> np.ndarray | None:
+  """Where each interval of `_coarse_codes` holds at most one midpoint (every published map):
+  one uint32 a value's top 16 bits, from which its code follows with its low 16 bits alone;
+  None where an interval holds more.
+
+  The values sharing their top 16 bits run from the one whose low bits are 0 (the nearest
+  zero) outward, so at most one midpoint splits them, at some low bits ``L``: the code is
+  ``base + (x >= threshold)``, with ``x`` the low bits (their complement for a negative
+  value, which grows toward zero as they shrink). An entry is ``(base + 1) * 2**17 -
+  threshold``, so that ``(entry + x) >> 17`` is the code: the threshold is at most ``2**16``
+  (where nothing splits: above every ``x``; past the finite values, the count at the
+  interval's start, never more), so the sum carries into bit 17 exactly where ``x`` reaches
+  it. One use of the entry: XLA writes out a gather whose value is used twice."""
+  below, midpoints, widest = _coarse_codes(bits, signed)
+  if widest > 1:
+    return None
+  top = np.arange(65536, dtype=np.uint32)
+  first = (top << np.uint32(16)).view(np.float32)
+  last = ((top << np.uint32(16)) | np.uint32(0xFFFF)).view(np.float32)
+  with np.errstate(invalid="ignore"):
+    at_first = np.searchsorted(midpoints, first, side="right").astype(np.int64)
+    at_last = np.searchsorted(midpoints, last, side="right").astype(np.int64)
+  finite = (top & 0x7F80) != 0x7F80
+  split = finite & (at_first != at_last)
+  negative = top >= 0x8000
+  # the split's midpoint: the one between the interval's two ends, and its low 16 bits
+  index = np.clip(np.minimum(at_first, at_last), 0, len(midpoints) - 1)
+  low = (midpoints[index].view(np.uint32) & np.uint32(0xFFFF)).astype(np.int64)
+  # a positive value's code steps up at ``x = low`` (a value at the midpoint rounds up); a
+  # negative one's at its low bits ``<= low``, ``x = 0xFFFF - low`` complemented
+  threshold = np.where(split, np.where(negative, 0xFFFF - low, low), 1 << 16)
+  base = np.where(split, np.minimum(at_first, at_last), below.astype(np.int64))
+  return ((base + 1) * (1 << 17) - threshold).astype(np.uint32)
+
+
+@functools.cache
+def _negative_splits(bits: int, signed: bool) -> bool:
+  """Whether a midpoint splits some negative interval of `_nearest_table` (not in an unsigned
+  map, whose negative values all take code 0): then a negative value's low bits are
+  complemented before the comparison."""
+  table = _nearest_table(bits, signed)
+  return table is not None and bool(np.any(table[0x8000:] % (1 << 17) != 1 << 16))
+
+
 def _codes(normalized: jax.Array, bits: int, signed: bool, rounding: str) -> jax.Array:
   if rounding == "bitsandbytes_cpu":
     clipped = jnp.clip(normalized, -1.0, 1.0)
@@ -162,10 +207,21 @@ def _codes(normalized: jax.Array, bits: int, signed: bool, rounding: str) -> jax
     return _lookup(jnp.asarray(_cpu_table(bits, signed)), index)
   # The nearest code is the number of midpoints at or below the value (a tie rounds up). A
   # table read at the value's top 16 bits counts them up to the value's bfloat16 truncation;
-  # at most `widest` comparisons finish the count: one gather and a few compares an element,
-  # all fused (a search would hold its index arrays in memory).
-  table, midpoints, widest = _coarse_codes(bits, signed)
+  # at most `widest` comparisons finish the count. With one midpoint at most in each
+  # truncation's interval (every published map), one table read at the top bits gives the
+  # count and where in the low bits the one midpoint lies: one gather and a few integer
+  # operations an element, all fused (issue 65: the comparisons below, two more gathers,
+  # ran x1.18 a one-gather peer's step).
+  packed = _nearest_table(bits, signed)
+  if packed is not None:
+    bits32 = jax.lax.bitcast_convert_type(normalized.astype(jnp.float32), jnp.uint32)
+    entry = _lookup(jnp.asarray(packed), bits32 >> 16)
+    x = bits32 & 0xFFFF
+    if _negative_splits(bits, signed):  # else a negative value's code is its interval's
+      x = x ^ ((bits32 >> 31) * jnp.uint32(0xFFFF))
+    return ((entry + x) >> 17).astype(jnp.uint8)
   top = jax.lax.bitcast_convert_type(normalized.astype(jnp.float32), jnp.uint32) >> 16
+  table, midpoints, widest = _coarse_codes(bits, signed)
   start = _lookup(jnp.asarray(table), top).astype(jnp.int32)
   mids = jnp.asarray(midpoints)
   last = len(midpoints) - 1
@@ -310,28 +366,33 @@ class QuantizedArray:
       flat = values.reshape(-1)
       pad = scales_shape[0] * block_size - flat.size
       blocks = jnp.pad(flat, (0, pad)).reshape(*scales_shape, block_size)
-    scales = jnp.max(jnp.abs(blocks), axis=-1)
-    if bits == 4:  # torchao's floor on a block's scale (an all-zero block)
-      scales = jnp.maximum(scales, jnp.float32(1e-12))
-    if rounding == "bitsandbytes_cpu":  # its CPU kernel multiplies by the reciprocal
-      normalized = blocks * jnp.where(scales > 0, 1.0 / scales, 0.0)[..., None]
-    else:
-      normalized = blocks / jnp.where(scales > 0, scales, jnp.float32(1.0))[..., None]
-    codes = _codes(normalized, bits, signed, rounding)
-    if rounding == "bitsandbytes_cpu":  # an all-zero block: code 0 (scale 0 reads 0 back)
-      codes = jnp.where(scales[..., None] > 0, codes, jnp.uint8(0))
-    if bits == 4:
-      codes = (codes[..., 0::2] << 4) | codes[..., 1::2]
+    fmt = {"bits": bits, "signed": signed, "block_size": block_size, "rounding": rounding}
     return cls(
-      codes,
-      scales,
-      shape=x.shape,
-      dtype=x.dtype,
-      bits=bits,
-      signed=signed,
-      block_size=block_size,
-      rounding=rounding,
+      *_quantized_blocks(blocks, bits, signed, rounding), shape=x.shape, dtype=x.dtype, **fmt
     )
+
+  @property
+  def block_shape(self) -> tuple[int, ...] | None:
+    """The shape of its blocks' values, ``scales.shape + (block_size,)``, where the blocks lie
+    along the last dimension (a reshape of the values away); else None."""
+    scales_shape, rowwise = layout(self.shape, self.bits, self.block_size)
+    return (*scales_shape, self.block_size) if rowwise else None
+
+  def dequantize_blocks(self) -> jax.Array:
+    """The float values in `block_shape`, in ``dtype`` (blocks along the last dimension)."""
+    (codes, scales), _ = placement.to_device((self.codes, self.scales))
+    if self.bits == 4:
+      codes = jnp.stack([codes >> 4, codes & 0xF], axis=-1).reshape(*codes.shape[:-1], -1)
+    table = jnp.asarray(quantization_map(self.bits, self.signed))
+    return (_lookup(table, codes) * scales[..., None]).astype(self.dtype)
+
+  def requantize_blocks(self, blocks: Any) -> QuantizedArray:
+    """Values in `block_shape` (blocks along the last dimension) quantized in this array's
+    format: `requantize` of their reshape, without it."""
+    values = jnp.asarray(blocks).astype(jnp.float32)
+    codes, scales = _quantized_blocks(values, self.bits, self.signed, self.rounding)
+    fmt = {n: getattr(self, n) for n in self.FORMAT}
+    return QuantizedArray(codes, scales, **fmt)
 
   def requantize(self, x: Any) -> QuantizedArray:
     """``x`` (of this array's shape) quantized in this array's format."""
@@ -342,23 +403,35 @@ class QuantizedArray:
   def dequantize(self) -> jax.Array:
     """The float values back: each code's map value times its block's scale, in ``dtype``, on
     the device (codes kept in host memory are read there: the map is a device constant)."""
-    (codes, scales), _ = placement.to_device((self.codes, self.scales))
-    if self.bits == 4:
-      codes = jnp.stack([codes >> 4, codes & 0xF], axis=-1).reshape(*codes.shape[:-1], -1)
-    table = jnp.asarray(quantization_map(self.bits, self.signed))
-    blocks = _lookup(table, codes) * scales[..., None]
-    _, rowwise = layout(self.shape, self.bits, self.block_size)
-    if rowwise:
-      values = blocks.reshape(self.shape)
-    else:
-      values = blocks.reshape(-1)[: self.size].reshape(self.shape)
-    return values.astype(self.dtype)
+    blocks = self.dequantize_blocks()
+    if self.block_shape is not None:
+      return blocks.reshape(self.shape)
+    return blocks.reshape(-1)[: self.size].reshape(self.shape)
 
   def __repr__(self) -> str:
     return (
       f"QuantizedArray(shape={self.shape}, dtype={self.dtype.name}, bits={self.bits}, "
       f"signed={self.signed}, block_size={self.block_size})"
     )
+
+
+def _quantized_blocks(
+  blocks: jax.Array, bits: int, signed: bool, rounding: str
+) -> tuple[jax.Array, jax.Array]:
+  """The codes and scales of float32 ``blocks`` (the last axis a block)."""
+  scales = jnp.max(jnp.abs(blocks), axis=-1)
+  if bits == 4:  # torchao's floor on a block's scale (an all-zero block)
+    scales = jnp.maximum(scales, jnp.float32(1e-12))
+  if rounding == "bitsandbytes_cpu":  # its CPU kernel multiplies by the reciprocal
+    normalized = blocks * jnp.where(scales > 0, 1.0 / scales, 0.0)[..., None]
+  else:
+    normalized = blocks / jnp.where(scales > 0, scales, jnp.float32(1.0))[..., None]
+  codes = _codes(normalized, bits, signed, rounding)
+  if rounding == "bitsandbytes_cpu":  # an all-zero block: code 0 (scale 0 reads 0 back)
+    codes = jnp.where(scales[..., None] > 0, codes, jnp.uint8(0))
+  if bits == 4:
+    codes = (codes[..., 0::2] << 4) | codes[..., 1::2]
+  return codes, scales
 
 
 def check_block_size(bits: int, block_size: int | None) -> int:
