@@ -16,7 +16,9 @@ values (biases, norms, heads); and a few huge matrices, 4 of 1024 x 1024.
 
 A second table gives XLA's bytes accessed, temporaries and `copy` instructions a parameter
 (cost_analysis, memory_analysis, the compiled HLO) of each donated step, beside a hand-written
-skip (optax's adamw under lax.cond on the global norm).
+skip (optax's adamw under lax.cond on the global norm) and hand-written statistics (optax's
+adamw, then three sums a leaf of its gradients, updates and new parameters: what a user
+writes; the update read from optax's updates, not new minus old).
 
 Results go to results/robustness_jax<version>.md: `nox -s bench` runs it on the oldest and the
 newest stack uv.lock resolves.
@@ -97,6 +99,23 @@ def hand_written_skip(params: dict):
   return step, (params, tx.init(params))
 
 
+def hand_written_statistics(params: dict):
+  """Statistics written by hand: optax's adamw, then each leaf's gradient, update and
+  parameter norms from its updates and new parameters (three sums a leaf)."""
+  tx = optax.adamw(1e-3)
+
+  def step(carry, grads):
+    params, state = carry
+    updates, state = tx.update(grads, state, params)
+    new = optax.apply_updates(params, updates)
+    trees = (grads, updates, new)
+    leaves = zip(*(jax.tree.leaves(t) for t in trees), strict=True)
+    norms = jnp.stack([jnp.stack([jnp.sum(x * x) for x in leaf]) for leaf in leaves])
+    return (new, state), jnp.sqrt(norms)
+
+  return step, (params, tx.init(params))
+
+
 def step_bytes(params: dict) -> list[dict]:
   """Bytes accessed, temporaries and copies a parameter of each donated step."""
   count = sum(p.size for p in params.values())
@@ -106,6 +125,7 @@ def step_bytes(params: dict) -> list[dict]:
     for name in ("bare", "statistics", "skip")
   }
   steps["hand-written skip"] = hand_written_skip(params)
+  steps["hand-written statistics"] = hand_written_statistics(params)
   rows = []
   for name, (fn, first) in steps.items():
     compiled = jax.jit(fn, donate_argnums=(0,)).lower(first, grads).compile()
