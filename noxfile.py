@@ -522,7 +522,12 @@ def spike(session: nox.Session) -> None:
   session.run("python", "examples/spike_statistics.py", *session.posargs)
 
 
-@nox.session(python=PYTHON)
+#: What the oldest stack measures beside the newest: the benchmarks whose results depend on
+#: the jax and XLA they compile with, each written per stack (results/*_jax<version>.md).
+PER_STACK_BENCHMARKS = ("robustness.py", "low_bit_peer.py")
+
+
+@nox.session(python=list(dict.fromkeys(INTEGRATION_PYTHONS)))
 def bench(session: nox.Session) -> None:
   """optcore against raw optax for every face (step time, eager, compile, memory,
   bandwidth), the Equinox filter_jit loop, the NNX face against nnx.Optimizer (its step, and
@@ -535,8 +540,16 @@ def bench(session: nox.Session) -> None:
   authors' SOAP), SOAP's and Shampoo's refresh and the rest at three sizes (matrix_sizes.py),
   MARS, NorMuon, Dion, cautious AdamW and ZClip beside them (field_optimizers.py);
   writes Markdown and JSON
-  reports to benchmarks/results/."""
+  reports to benchmarks/results/. On the oldest Python (the oldest stack uv.lock resolves:
+  jax 0.10) it runs the benchmarks whose numbers depend on the stack (`PER_STACK_BENCHMARKS`,
+  and nnx_pains.py), each written beside the newest stack's."""
   sync(session, None, "checkpoint")  # training_at_scale.py imports the demo, which saves with orbax
+  print_versions(session)
+  if session.python != PYTHON:
+    for script in PER_STACK_BENCHMARKS:
+      session.run("python", f"benchmarks/{script}", *session.posargs)
+    session.run("python", "benchmarks/nnx_pains.py", env=EIGHT_CPU_DEVICES)
+    return
   session.run_install(  # the authors' JAX Shampoo, timed by matrix_optimizers.py
     uv(session), "pip", "install", "--python", session.virtualenv.location, "--no-deps",
     *SHAMPOO_REFERENCE, external=True,
