@@ -12,7 +12,8 @@
   nox -s lint          ruff check, ruff format --check, and pyright (basedpyright) over packages/
   nox -s demo          one config, five frameworks (examples/swap_frameworks.py)
   nox -s spike         a run through a bad batch: statistics, a skipped step (spike_statistics.py)
-  nox -s bench         the benchmarks (reports under benchmarks/results/)
+  nox -s bench         the benchmarks (reports under benchmarks/results/), on the newest
+                       Python and on 3.11 (jax 0.10) those whose numbers depend on the stack
   nox -s optax_suite   optax's own tests with every factory rebound to optcore's as_optax()
   nox -s release       build the four sdists and wheels, twine check them, install each
                        extra from them into a clean venv as a user would
@@ -27,7 +28,7 @@ Installs come from uv.lock (``uv sync --locked``: a stale lock fails), so every 
 versions developers test; uv.lock resolves per Python (jax 0.10 on 3.11, jax 0.12 on 3.12+).
 Each variant gets its own venv holding only its package, that package's framework and the
 test tools: the core variant proves the core needs no framework. The one-Python sessions
-(demo, lint, bench, release) use the newest supported Python present.
+(demo, lint, release) use the newest supported Python present.
 """
 
 from __future__ import annotations
