@@ -281,11 +281,8 @@ def compiled_step(opt_def, params):
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, list) else cost
   count = sum(p.size for p in params.values())
-  copied = [
-    line
-    for line in compiled.as_text().splitlines()
-    if " copy(" in line and any(f"f32[{r},256]" in line for r in (300,))
-  ]
+  lines = compiled.as_text().splitlines()
+  copied = [line for line in lines if " copy(" in line and "f32[300,256]" in line]
   return cost["bytes accessed"] / count, copied
 
 

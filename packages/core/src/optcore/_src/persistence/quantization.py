@@ -138,47 +138,30 @@ def _cpu_table(bits: int, signed: bool) -> np.ndarray:
 
 
 @functools.cache
-def _coarse_codes(bits: int, signed: bool) -> tuple[np.ndarray, np.ndarray, int]:
-  """What the nearest code is found from without a search: for each of the 65,536 float32
-  values whose low 16 bits are zero (``v`` with its low bits dropped, toward zero), how many
-  midpoints lie at or below it; the midpoints; and the most midpoints one such interval holds
-  (the comparisons that finish the count for a value inside it)."""
-  midpoints = _midpoints(quantization_map(bits, signed))
-  starts = (np.arange(65536, dtype=np.uint32) << np.uint32(16)).view(np.float32)
-  with np.errstate(invalid="ignore"):
-    below = np.searchsorted(midpoints, starts, side="right").astype(np.int64)
-  # A positive start's interval reaches up to the next start; a negative one's down to the
-  # next (0x7F80 and 0xFF80 begin the infinities and NaNs).
-  widest = int(
-    max(np.abs(np.diff(below[:0x7F80])).max(), np.abs(np.diff(below[0x8000:0xFF80])).max())
-  )
-  return below.astype(np.uint8 if len(midpoints) < 256 else np.uint16), midpoints, widest
-
-
-@functools.cache
-def _nearest_table(bits: int, signed: bool) -> np.ndarray | None:
-  """Where each interval of `_coarse_codes` holds at most one midpoint (every published map):
-  one uint32 a value's top 16 bits, from which its code follows with its low 16 bits alone;
-  None where an interval holds more.
+def _nearest_table(bits: int, signed: bool) -> np.ndarray:
+  """What the nearest code is found from without a search: one uint32 for each of the 65,536
+  patterns of a float32's top 16 bits, from which a value's code follows with its low 16 bits
+  alone.
 
   The values sharing their top 16 bits run from the one whose low bits are 0 (the nearest
-  zero) outward, so at most one midpoint splits them, at some low bits ``L``: the code is
-  ``base + (x >= threshold)``, with ``x`` the low bits (their complement for a negative
-  value, which grows toward zero as they shrink). An entry is ``(base + 1) * 2**17 -
-  threshold``, so that ``(entry + x) >> 17`` is the code: the threshold is at most ``2**16``
-  (where nothing splits: above every ``x``; past the finite values, the count at the
-  interval's start, never more), so the sum carries into bit 17 exactly where ``x`` reaches
-  it. One use of the entry: XLA writes out a gather whose value is used twice."""
-  below, midpoints, widest = _coarse_codes(bits, signed)
-  if widest > 1:
-    return None
+  zero) outward, and every published map puts at most one midpoint among them, at some low
+  bits ``L``: the code is ``base + (x >= threshold)``, with ``x`` the low bits (their
+  complement for a negative value, which grows toward zero as they shrink). An entry is
+  ``(base + 1) * 2**17 - threshold``, so that ``(entry + x) >> 17`` is the code: the
+  threshold is at most ``2**16`` (where nothing splits: above every ``x``; past the finite
+  values, the count at the interval's start, never more), so the sum carries into bit 17
+  exactly where ``x`` reaches it. One use of the entry: XLA writes out a gather whose value
+  is used twice."""
+  midpoints = _midpoints(quantization_map(bits, signed))
   top = np.arange(65536, dtype=np.uint32)
   first = (top << np.uint32(16)).view(np.float32)
   last = ((top << np.uint32(16)) | np.uint32(0xFFFF)).view(np.float32)
   with np.errstate(invalid="ignore"):
     at_first = np.searchsorted(midpoints, first, side="right").astype(np.int64)
     at_last = np.searchsorted(midpoints, last, side="right").astype(np.int64)
-  finite = (top & 0x7F80) != 0x7F80
+  finite = (top & 0x7F80) != 0x7F80  # 0x7F80 and 0xFF80 begin the infinities and NaNs
+  if np.abs(at_last - at_first)[finite].max() > 1:
+    raise AssertionError(f"the {bits}-bit map has two midpoints between two bfloat16 values")
   split = finite & (at_first != at_last)
   negative = top >= 0x8000
   # the split's midpoint: the one between the interval's two ends, and its low 16 bits
@@ -187,7 +170,7 @@ def _nearest_table(bits: int, signed: bool) -> np.ndarray | None:
   # a positive value's code steps up at ``x = low`` (a value at the midpoint rounds up); a
   # negative one's at its low bits ``<= low``, ``x = 0xFFFF - low`` complemented
   threshold = np.where(split, np.where(negative, 0xFFFF - low, low), 1 << 16)
-  base = np.where(split, np.minimum(at_first, at_last), below.astype(np.int64))
+  base = np.where(split, np.minimum(at_first, at_last), at_first)
   return ((base + 1) * (1 << 17) - threshold).astype(np.uint32)
 
 
@@ -196,8 +179,7 @@ def _negative_splits(bits: int, signed: bool) -> bool:
   """Whether a midpoint splits some negative interval of `_nearest_table` (not in an unsigned
   map, whose negative values all take code 0): then a negative value's low bits are
   complemented before the comparison."""
-  table = _nearest_table(bits, signed)
-  return table is not None and bool(np.any(table[0x8000:] % (1 << 17) != 1 << 16))
+  return bool(np.any(_nearest_table(bits, signed)[0x8000:] % (1 << 17) != 1 << 16))
 
 
 def _codes(normalized: jax.Array, bits: int, signed: bool, rounding: str) -> jax.Array:
@@ -205,33 +187,17 @@ def _codes(normalized: jax.Array, bits: int, signed: bool, rounding: str) -> jax
     clipped = jnp.clip(normalized, -1.0, 1.0)
     index = ((clipped + 1.0) * 0.5 * np.float32(_TABLE_SIZE - 1) + 0.5).astype(jnp.uint16)
     return _lookup(jnp.asarray(_cpu_table(bits, signed)), index)
-  # The nearest code is the number of midpoints at or below the value (a tie rounds up). A
-  # table read at the value's top 16 bits counts them up to the value's bfloat16 truncation;
-  # at most `widest` comparisons finish the count. With one midpoint at most in each
-  # truncation's interval (every published map), one table read at the top bits gives the
-  # count and where in the low bits the one midpoint lies: one gather and a few integer
-  # operations an element, all fused (issue 65: the comparisons below, two more gathers,
-  # ran x1.18 a one-gather peer's step).
-  packed = _nearest_table(bits, signed)
-  if packed is not None:
-    bits32 = jax.lax.bitcast_convert_type(normalized.astype(jnp.float32), jnp.uint32)
-    entry = _lookup(jnp.asarray(packed), bits32 >> 16)
-    x = bits32 & 0xFFFF
-    if _negative_splits(bits, signed):  # else a negative value's code is its interval's
-      x = x ^ ((bits32 >> 31) * jnp.uint32(0xFFFF))
-    return ((entry + x) >> 17).astype(jnp.uint8)
-  top = jax.lax.bitcast_convert_type(normalized.astype(jnp.float32), jnp.uint32) >> 16
-  table, midpoints, widest = _coarse_codes(bits, signed)
-  start = _lookup(jnp.asarray(table), top).astype(jnp.int32)
-  mids = jnp.asarray(midpoints)
-  last = len(midpoints) - 1
-  codes = start
-  for k in range(widest):
-    above = start + k  # the k-th midpoint above the truncation (a positive value)
-    codes = codes + ((above <= last) & (normalized >= _lookup(mids, jnp.minimum(above, last))))
-    under = start - 1 - k  # the k-th at or below it (a negative value, truncated up)
-    codes = codes - ((under >= 0) & (normalized < _lookup(mids, jnp.maximum(under, 0))))
-  return codes.astype(jnp.uint8)
+  # The nearest code is the number of midpoints at or below the value (a tie rounds up): one
+  # table read at the value's top 16 bits gives the count up to its bfloat16 truncation and
+  # where in the low bits the one midpoint past it lies (`_nearest_table`). One gather and a
+  # few integer operations an element, all fused (issue 65: a count finished by comparisons
+  # with two more gathers ran x1.18 a one-gather peer's step).
+  bits32 = jax.lax.bitcast_convert_type(normalized.astype(jnp.float32), jnp.uint32)
+  entry = _lookup(jnp.asarray(_nearest_table(bits, signed)), bits32 >> 16)
+  x = bits32 & 0xFFFF
+  if _negative_splits(bits, signed):  # else a negative value's code is its interval's
+    x = x ^ ((bits32 >> 31) * jnp.uint32(0xFFFF))
+  return ((entry + x) >> 17).astype(jnp.uint8)
 
 
 def _lookup(table: jax.Array, index: jax.Array) -> jax.Array:
